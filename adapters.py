@@ -1,0 +1,68 @@
+"""The functions the public CS336 assignment-2 test suite calls, wired to this repo's library.
+
+Names and parameter names follow that suite exactly (it passes some arguments by keyword);
+``tests/adapters.py`` re-exports everything here so its test files run unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+from cs336_systems.bucketed_ddp import BucketedDDP
+from cs336_systems.flat_ddp import FlatDDP
+from cs336_systems.naive_ddp import NaiveDDP
+from cs336_systems.overlap_ddp import DDPIndividualParameters
+
+
+# Beyond the public suite: the two non-overlapped variants, so our tests reach every variant
+# through this file.
+def get_ddp_naive(module: torch.nn.Module) -> torch.nn.Module:
+    """Wrap ``module`` in DDP that all-reduces each gradient after backward, one call each."""
+    return NaiveDDP(module)
+
+
+def get_ddp_flat(module: torch.nn.Module) -> torch.nn.Module:
+    """Wrap ``module`` in DDP that all-reduces all gradients flattened into one buffer."""
+    return FlatDDP(module)
+
+
+def get_ddp_individual_parameters(module: torch.nn.Module) -> torch.nn.Module:
+    """Wrap ``module`` in DDP that all-reduces each parameter's gradient as soon as it is ready."""
+    return DDPIndividualParameters(module)
+
+
+def ddp_individual_parameters_on_after_backward(
+    ddp_model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """After backward, before the optimizer step: wait for every gradient's all-reduce."""
+    ddp_model.finish_gradient_synchronization()
+
+
+def get_ddp_bucketed(module: torch.nn.Module, bucket_size_mb: float | None) -> torch.nn.Module:
+    """Wrap ``module`` in DDP that all-reduces buckets of at most ``bucket_size_mb`` MiB."""
+    return BucketedDDP(module, bucket_size_mb=bucket_size_mb)
+
+
+def ddp_bucketed_on_after_backward(
+    ddp_model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """After backward, before the optimizer step: wait for every bucket's all-reduce."""
+    ddp_model.finish_gradient_synchronization()
+
+
+def ddp_bucketed_on_train_batch_start(
+    ddp_model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """At the start of a training step: check the previous step was finished."""
+    ddp_model.on_train_batch_start()
+
+
+def get_sharded_optimizer(
+    params: Iterable[Any], optimizer_cls: type[torch.optim.Optimizer], **kwargs: Any
+) -> torch.optim.Optimizer:
+    """An optimizer that keeps only this rank's shard of ``optimizer_cls``'s state (ZeRO-1)."""
+    from cs336_systems.sharded_optimizer import ShardedOptimizer
+
+    return ShardedOptimizer(params, optimizer_cls, **kwargs)

@@ -1,0 +1,1 @@
+"""Distributed data-parallel training from scratch (CS336 assignment 2, section 2)."""

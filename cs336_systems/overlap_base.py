@@ -1,0 +1,146 @@
+"""Overlapping gradient communication with backward: the machinery both overlapped variants share.
+
+A post-accumulate-grad hook on each parameter tells us when its gradient is final for this
+backward pass (it fires once per leaf, after all contributions are summed into ``.grad``;
+see ``torch.Tensor.register_post_accumulate_grad_hook``). Gradients are grouped into *units*
+(one parameter each, or one bucket each); a unit's async all-reduce starts as soon as its
+last gradient is ready, so communication runs while backward computes the rest.
+
+Units are launched strictly in a fixed order, the same on every rank: unit k starts only after
+units 0..k-1 have. Collectives are matched across ranks by the order they are issued in, so
+launching in hook order would pair different tensors on different ranks whenever ranks'
+autograd graphs differ (a branch taken on one rank only). The fixed order starts as reverse
+registration order (roughly the order backward produces gradients) and, after the first
+step, becomes the order rank 0 actually saw, so that in steady state no ready unit waits.
+
+``finish_gradient_synchronization()`` launches whatever has not started (units whose
+parameters got no gradient this step, with zeros in their place), waits for every unit and
+writes the averaged gradients back. After it the next step starts clean.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cs336_systems.ddp_base import DataParallel
+
+
+class ReductionUnit:
+    """A group of parameters reduced by one collective. Subclasses say how."""
+
+    params: list[nn.Parameter]
+
+    def launch(self, ddp: "OverlappedDataParallel") -> dist.Work:
+        raise NotImplementedError
+
+
+class OverlappedDataParallel(DataParallel):
+    """Base of per-parameter and bucketed DDP. Subclasses implement :meth:`_build_units`."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        process_group: dist.ProcessGroup | None = None,
+        reorder_after_first_step: bool = True,
+    ):
+        super().__init__(module, process_group)
+        self._param_names = {id(p): n for n, p in module.named_parameters()}
+        self._reorder_pending = reorder_after_first_step
+        self._set_units(self._build_units(list(reversed(self.synced_params))))
+        for param in self.synced_params:
+            param.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self._reset_step()
+
+    # -- subclass interface ------------------------------------------------------------------
+
+    def _build_units(self, params_in_launch_order: Sequence[nn.Parameter]) -> list[ReductionUnit]:
+        raise NotImplementedError
+
+    def _after_all_launched(self) -> None:
+        """Hook run after the last unit is launched and before waiting."""
+
+    def _complete_units(self) -> None:
+        """Write every unit's reduced values into ``.grad`` (all works have finished)."""
+        raise NotImplementedError
+
+    # -- per-step state ----------------------------------------------------------------------
+
+    def _set_units(self, units: list[ReductionUnit]) -> None:
+        self._units = units
+        self._unit_of = {id(p): i for i, unit in enumerate(units) for p in unit.params}
+
+    def _reset_step(self) -> None:
+        self._pending = [len(unit.params) for unit in self._units]
+        self._next_unit = 0
+        self._works: list[dist.Work] = []
+        self._ready_order: list[int] = []  # ids of parameters, in the order hooks fired
+        self._ready_ids: set[int] = set()
+
+    def _step_in_progress(self) -> bool:
+        return bool(self._ready_order) or self._next_unit > 0
+
+    def _before_forward(self) -> None:
+        if self._step_in_progress():
+            raise RuntimeError(
+                "finish_gradient_synchronization() was not called after the previous backward "
+                "pass; call it after every synchronised backward, before optimizer.step()"
+            )
+
+    def on_train_batch_start(self) -> None:
+        self._before_forward()
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self._sync_this_backward:
+            return
+        key = id(param)
+        if key in self._ready_ids:
+            raise RuntimeError(
+                f"parameter {self._param_names.get(key, '?')!r} received a second gradient in "
+                "one synchronised step (two backward passes without finish in between); "
+                "wrap all but the last micro-batch in no_sync() to accumulate gradients"
+            )
+        self._ready_order.append(key)
+        self._ready_ids.add(key)
+        unit = self._unit_of[key]
+        self._pending[unit] -= 1
+        while self._next_unit < len(self._units) and self._pending[self._next_unit] == 0:
+            self._launch_next()
+
+    def _launch_next(self) -> None:
+        self._works.append(self._units[self._next_unit].launch(self))
+        self._next_unit += 1
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_this_backward:
+            return
+        while self._next_unit < len(self._units):
+            self._launch_next()
+        self._after_all_launched()
+        calls = len(self._works)
+        for work in self._works:
+            work.wait()
+        self._complete_units()
+        self.allreduce_calls_last_step = calls
+        if self._reorder_pending:
+            self._reorder_pending = False
+            self._adopt_rank0_ready_order()
+        self._reset_step()
+
+    def _adopt_rank0_ready_order(self) -> None:
+        """Rebuild units in the order rank 0's gradients became ready in this step.
+
+        Parameters that got no gradient on rank 0 keep their relative order at the end. The
+        order is broadcast so that every rank launches the same units in the same order.
+        """
+        index_of = {id(p): i for i, p in enumerate(self.synced_params)}
+        seen = [index_of[key] for key in self._ready_order]
+        fired = set(seen)
+        rest = [i for i in reversed(range(len(self.synced_params))) if i not in fired]
+        order = torch.tensor(seen + rest, dtype=torch.int64, device=self.synced_params[0].device)
+        src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
+        dist.broadcast(order, src=src, group=self.process_group)
+        self._set_units(self._build_units([self.synced_params[i] for i in order.tolist()]))
