@@ -2,6 +2,9 @@
 PYTHON ?= python3
 UV := $(PYTHON) -m uv
 RUN := $(UV) run --locked
+# Every spawned rank imports torch; let Python cache its bytecode instead of recompiling
+# torch's sources in each process (some environments set this variable).
+unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
 .PHONY: help env test

@@ -85,6 +85,9 @@ class DataParallel(nn.Module):
         self._sync_this_backward = self.require_backward_grad_sync
         return self.module(*args, **kwargs)
 
+    def detach(self) -> None:
+        """Stop acting on the module's backward passes (other wrappers may take over)."""
+
     def _before_forward(self) -> None:
         """Hook for subclasses that must check or reset per-step state."""
 

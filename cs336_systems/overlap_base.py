@@ -13,6 +13,9 @@ autograd graphs differ (a branch taken on one rank only). The fixed order starts
 registration order (roughly the order backward produces gradients) and, after the first
 step, becomes the order rank 0 actually saw, so that in steady state no ready unit waits.
 
+Hooks act only on a backward pass that started from this wrapper's own forward (as torch's
+reducer does), so several wrappers may share one module, as the step benchmark does.
+
 ``finish_gradient_synchronization()`` launches whatever has not started (units whose
 parameters got no gradient this step, with zeros in their place), waits for every unit and
 writes the averaged gradients back. After it the next step starts clean.
@@ -51,8 +54,10 @@ class OverlappedDataParallel(DataParallel):
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         self._reorder_pending = reorder_after_first_step
         self._set_units(self._build_units(list(reversed(self.synced_params))))
-        for param in self.synced_params:
-            param.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self._expect_hooks = False  # set by our forward, cleared when the step finishes
+        self._hook_handles = [
+            p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.synced_params
+        ]
         self._reset_step()
 
     # -- subclass interface ------------------------------------------------------------------
@@ -89,12 +94,19 @@ class OverlappedDataParallel(DataParallel):
                 "finish_gradient_synchronization() was not called after the previous backward "
                 "pass; call it after every synchronised backward, before optimizer.step()"
             )
+        self._expect_hooks = True
+
+    def detach(self) -> None:
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+        self._expect_hooks = False
 
     def on_train_batch_start(self) -> None:
         self._before_forward()
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
-        if not self._sync_this_backward:
+        if not (self._expect_hooks and self._sync_this_backward):
             return
         key = id(param)
         if key in self._ready_ids:
@@ -129,6 +141,7 @@ class OverlappedDataParallel(DataParallel):
             self._reorder_pending = False
             self._adopt_rank0_ready_order()
         self._reset_step()
+        self._expect_hooks = False
 
     def _adopt_rank0_ready_order(self) -> None:
         """Rebuild units in the order rank 0's gradients became ready in this step.

@@ -1,0 +1,278 @@
+"""The DDP step benchmark (problems 3, 4, 5a, 6a): every variant's training step, side by side.
+
+One process group times full training steps of the Transformer LM (forward, backward,
+gradient synchronisation, AdamW step) for each variant:
+
+* ``compute-only``: the bare module, no communication: the floor no DDP can beat;
+* ``naive``, ``flat``, ``per-parameter``, ``bucketed-<N>MB``: this repo's wrappers;
+* ``torch-ddp``: ``torch.nn.parallel.DistributedDataParallel`` at its defaults.
+
+All variants wrap the *same* module and optimizer, and run interleaved round by round
+(round r: a few steps of each variant in turn), so that drift of a noisy machine (thermal,
+other tenants) hits all alike. Each step starts after a barrier; its time is the slowest
+rank's. Per variant we report the median step time, the time inside gradient
+synchronisation (naive/flat: the all-reduce phase after backward; overlapped variants: the
+wait in ``finish_gradient_synchronization``; torch DDP does it inside backward, so none),
+the exposed overhead (median step minus the compute-only median), its share of the step,
+tokens per second, and all-reduce calls per step.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from cs336_systems.bucketed_ddp import BucketedDDP
+from cs336_systems.ddp_base import DataParallel
+from cs336_systems.equivalence import shard_rows
+from cs336_systems.flat_ddp import FlatDDP
+from cs336_systems.model import TransformerLM, model_config
+from cs336_systems.naive_ddp import NaiveDDP
+from cs336_systems.overlap_ddp import DDPIndividualParameters
+from cs336_systems.process_group import RankContext, run_ranks
+
+COMPUTE_ONLY = "compute-only"
+TORCH_DDP = "torch-ddp"
+
+
+@dataclass(frozen=True)
+class StepBenchmarkSetting:
+    """What one benchmark run measures."""
+
+    model_size: str = "cpu-small"  # key of model.MODEL_SIZES
+    context_length: int = 128  # tokens per sequence
+    global_batch: int = 4  # sequences per step over all ranks
+    world_size: int = 2  # ranks
+    device_type: str = "cpu"  # "cpu" or "cuda"
+    backend: str | None = None  # None: nccl on cuda, gloo on cpu
+    bucket_sizes_mb: tuple[float, ...] = (1, 10, 100, 1000)  # one bucketed variant each
+    include_torch_ddp: bool = True  # time torch's DDP in the same run
+    rounds: int = 3  # interleaved rounds
+    steps_per_round: int = 3  # timed steps of each variant per round
+    warmup_steps: int = 1  # untimed steps of each variant at the start of each round
+    seed: int = 0
+
+    def variant_names(self) -> list[str]:
+        names = [COMPUTE_ONLY, "naive", "flat", "per-parameter"]
+        names += [bucketed_name(mb) for mb in self.bucket_sizes_mb]
+        if self.include_torch_ddp:
+            names.append(TORCH_DDP)
+        return names
+
+
+def bucketed_name(bucket_size_mb: float) -> str:
+    return f"bucketed-{bucket_size_mb:g}MB"
+
+
+@dataclass
+class _Variant:
+    """A variant as run: what forward is called on, and its synchronisation step."""
+
+    name: str
+    model: nn.Module
+    wrapper: DataParallel | None = None  # our wrappers; None for compute-only and torch DDP
+
+    @property
+    def finish(self) -> Callable[[], None] | None:
+        return self.wrapper.finish_gradient_synchronization if self.wrapper is not None else None
+
+
+@dataclass
+class _Measurements:
+    """Everything one rank measured for one variant, over all rounds."""
+
+    step_times: list[float] = field(default_factory=list)
+    sync_times: list[float] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+    n_buckets: int | None = None
+
+
+def _sync_stream(device: torch.device) -> None:
+    # Only the compute stream: NCCL runs on its own streams, and waiting for those here would
+    # hide how much communication is still outstanding when backward ends.
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def _sync_device(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _make_variant(name: str, module: nn.Module, setting: StepBenchmarkSetting, ctx: RankContext) -> _Variant:
+    if name == COMPUTE_ONLY:
+        return _Variant(name, module)
+    if name == TORCH_DDP:
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        return _Variant(name, DistributedDataParallel(module, device_ids=device_ids))
+    if name == "naive":
+        wrapper: DataParallel = NaiveDDP(module)
+    elif name == "flat":
+        wrapper = FlatDDP(module)
+    elif name == "per-parameter":
+        wrapper = DDPIndividualParameters(module)
+    else:
+        mb = next(mb for mb in setting.bucket_sizes_mb if bucketed_name(mb) == name)
+        wrapper = BucketedDDP(module, bucket_size_mb=mb)
+    return _Variant(name, wrapper, wrapper)
+
+
+def _timed_step(
+    variant: _Variant,
+    optimizer: torch.optim.Optimizer,
+    tokens: torch.Tensor,
+    targets: torch.Tensor,
+    device: torch.device,
+) -> tuple[float, float]:
+    """One training step; returns (step seconds, seconds in gradient synchronisation)."""
+    _sync_device(device)
+    dist.barrier()
+    start = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    logits = variant.model(tokens)
+    F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+    _sync_stream(device)
+    backward_done = time.perf_counter()
+    if variant.finish is not None:
+        variant.finish()
+        _sync_stream(device)
+    sync_done = time.perf_counter()
+    optimizer.step()
+    _sync_device(device)
+    return time.perf_counter() - start, sync_done - backward_done
+
+
+def _torch_ddp_bucket_count(model: nn.Module) -> int | None:
+    """Buckets torch's DDP reduces per step (one all-reduce each), from its logging data.
+
+    ``_get_ddp_logging_data`` is private; if a torch version lacks it, report nothing.
+    """
+    try:
+        sizes = model._get_ddp_logging_data()["bucket_sizes"]
+    except (AttributeError, KeyError, RuntimeError):
+        return None
+    return len(str(sizes).split(","))
+
+
+def _slowest_rank(times: list[float], device: torch.device) -> list[float]:
+    """Per-step maximum over ranks (a step ends when its slowest rank does)."""
+    local = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    return local.tolist()
+
+
+def _benchmark_rank(ctx: RankContext, setting: StepBenchmarkSetting) -> dict:
+    if ctx.device.type == "cpu":
+        # Ranks share this machine's cores: one rank per core share avoids oversubscription.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
+    torch.manual_seed(setting.seed)
+    config = model_config(setting.model_size, setting.context_length)
+    module = TransformerLM(config).to(ctx.device)
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
+    rows = shard_rows(setting.global_batch, ctx.rank, ctx.world_size)
+    g = torch.Generator().manual_seed(setting.seed)
+    data = torch.randint(0, config.vocab_size, (setting.global_batch, config.context_length + 1), generator=g)
+    tokens = data[rows, :-1].to(ctx.device)
+    targets = data[rows, 1:].to(ctx.device)
+
+    names = setting.variant_names()
+    measured = {name: _Measurements() for name in names}
+    # torch's DDP is built once: its reducer ignores backward passes it did not start, and
+    # rebuilding it each round would re-register its hooks. Ours are rebuilt and detached.
+    torch_ddp = _make_variant(TORCH_DDP, module, setting, ctx) if setting.include_torch_ddp else None
+    for _ in range(setting.rounds):
+        for name in names:
+            variant = torch_ddp if name == TORCH_DDP else _make_variant(name, module, setting, ctx)
+            m = measured[name]
+            for _ in range(setting.warmup_steps):
+                _timed_step(variant, optimizer, tokens, targets, ctx.device)
+            for _ in range(setting.steps_per_round):
+                step_s, sync_s = _timed_step(variant, optimizer, tokens, targets, ctx.device)
+                m.step_times.append(step_s)
+                m.sync_times.append(sync_s)
+                if variant.wrapper is not None:
+                    m.calls.append(variant.wrapper.allreduce_calls_last_step)
+            if isinstance(variant.wrapper, BucketedDDP):
+                m.n_buckets = len(variant.wrapper.buckets)
+            if name == TORCH_DDP:
+                m.n_buckets = _torch_ddp_bucket_count(variant.model)
+                if m.n_buckets is not None:
+                    m.calls.append(m.n_buckets)
+            if variant.wrapper is not None:
+                variant.wrapper.detach()
+    records = []
+    for name in names:
+        m = measured[name]
+        has_sync_phase = name not in (COMPUTE_ONLY, TORCH_DDP)  # same on every rank
+        records.append(
+            {
+                "variant": name,
+                "step_times_s": _slowest_rank(m.step_times, ctx.device),
+                "sync_times_s": _slowest_rank(m.sync_times, ctx.device) if has_sync_phase else None,
+                "allreduce_calls_per_step": statistics.median(m.calls) if m.calls else None,
+                "n_buckets": m.n_buckets,
+            }
+        )
+    return {"records": records, "n_parameters": sum(p.numel() for p in module.parameters())}
+
+
+def summarize(raw_records: list[dict], setting: StepBenchmarkSetting) -> list[dict]:
+    """Medians, spreads and the derived figures, one record per variant."""
+    floor = statistics.median(next(r for r in raw_records if r["variant"] == COMPUTE_ONLY)["step_times_s"])
+    tokens_per_step = setting.global_batch * setting.context_length
+    out = []
+    for raw in raw_records:
+        steps = sorted(raw["step_times_s"])
+        median_step = statistics.median(steps)
+        syncs = raw["sync_times_s"]
+        exposed = median_step - floor
+        out.append(
+            {
+                **raw,
+                "bucket_size_mb": next(
+                    (mb for mb in setting.bucket_sizes_mb if bucketed_name(mb) == raw["variant"]), None
+                ),
+                "median_step_s": median_step,
+                "min_step_s": steps[0],
+                "max_step_s": steps[-1],
+                "median_sync_s": statistics.median(syncs) if syncs else None,
+                "exposed_overhead_s": exposed,
+                "exposed_share": exposed / median_step,
+                "tokens_per_s": tokens_per_step / median_step,
+                "steps_timed": len(steps),
+            }
+        )
+    return out
+
+
+def run_step_benchmark(setting: StepBenchmarkSetting) -> tuple[list[dict], int]:
+    """Run the benchmark (spawning ranks, or as one rank under torchrun).
+
+    Returns (one summarised record per variant, number of model parameters).
+    """
+    shard_rows(setting.global_batch, 0, setting.world_size)  # ValueError before spawning
+    model_config(setting.model_size, setting.context_length)  # ValueError for unknown sizes
+    results = run_ranks(
+        _benchmark_rank,
+        setting.world_size,
+        args=(setting,),
+        backend=setting.backend,
+        device_type=setting.device_type,
+        timeout_s=600,
+        join_timeout_s=3600,
+    )
+    first = results[0]
+    return summarize(first["records"], setting), first["n_parameters"]
+
+
+def setting_record(setting: StepBenchmarkSetting) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(setting).items()}
