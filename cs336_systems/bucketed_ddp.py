@@ -5,6 +5,17 @@ cannot start before backward ends) lies bucketing: parameters, taken in reverse 
 order (about the order backward finishes them), fill buckets of at most ``bucket_size_mb``;
 a bucket's async all-reduce starts as soon as its last gradient is ready. Buckets never mix
 dtypes or devices, because one buffer holds one dtype on one device.
+
+Levers beyond the handout, each on by default and each measured on/off by the ablation
+benchmark (``scripts/bench_ddp.py --ablation``):
+
+* ``gradient_as_bucket_view``: gradients live in the bucket buffers (no copy back);
+* ``first_bucket_mb``: the first bucket to fill is small (torch uses 1 MiB), so that
+  communication starts early in backward instead of after a full-size bucket;
+* ``reorder_after_first_step``: after the first step, buckets are rebuilt in the order
+  gradients actually became ready (see overlap_base.py);
+* ``comm_dtype``: communicate gradients in a narrower dtype (off by default: it changes the
+  numbers; bfloat16 halves the bytes).
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -21,12 +33,15 @@ from cs336_systems.overlap_base import OverlappedDataParallel, ReductionUnit
 MB = 2**20  # bucket sizes are in MiB, as torch DDP's bucket_cap_mb
 
 
-def plan_buckets(params: Sequence[nn.Parameter], cap_bytes: float) -> list[list[int]]:
+def plan_buckets(
+    params: Sequence[nn.Parameter], cap_bytes: float, first_cap_bytes: float | None = None
+) -> list[list[int]]:
     """Group parameter indices into buckets of at most ``cap_bytes`` each, keeping order.
 
     Each (dtype, device) kind fills its own open bucket; a bucket is closed when the next
-    parameter would overflow it, and a parameter larger than the cap gets a bucket alone.
-    Buckets are listed in the order they were opened.
+    parameter would overflow it, and a parameter larger than the cap gets a bucket alone. The
+    very first bucket is capped at ``first_cap_bytes`` if that is smaller. Buckets are listed
+    in the order they were opened.
     """
     buckets: list[list[int]] = []
     open_bucket: dict[tuple, tuple[int, float]] = {}  # kind -> (index into buckets, bytes)
@@ -35,7 +50,8 @@ def plan_buckets(params: Sequence[nn.Parameter], cap_bytes: float) -> list[list[
         size = param.numel() * param.element_size()
         if kind in open_bucket:
             b, used = open_bucket[kind]
-            if used + size <= cap_bytes:
+            cap = min(cap_bytes, first_cap_bytes) if b == 0 and first_cap_bytes else cap_bytes
+            if used + size <= cap:
                 buckets[b].append(i)
                 open_bucket[kind] = (b, used + size)
                 continue
@@ -58,16 +74,21 @@ def check_bucket_size_mb(bucket_size_mb: float | None) -> float:
 class GradBucket(ReductionUnit):
     """A bucket: its flat buffer (storage) and the async work reducing it (handle)."""
 
-    def __init__(self, params: list[nn.Parameter]):
+    def __init__(
+        self, params: list[nn.Parameter], comm_dtype: torch.dtype | None, grad_views: bool
+    ):
         self.params = params
-        self.buffer = FlatGradBuffer(params)
+        self.buffer = FlatGradBuffer(params, comm_dtype=comm_dtype, grad_views=grad_views)
+
+    def on_param_ready(self, param: nn.Parameter) -> None:
+        self.buffer.adopt_grad(param)
 
     def launch(self, ddp: OverlappedDataParallel) -> dist.Work:
         self.buffer.pack(ddp.world_size)
         return ddp._all_reduce(self.buffer.data, async_op=True)
 
-    def complete(self) -> None:
-        self.buffer.unpack()
+    def complete(self, world_size: int) -> None:
+        self.buffer.unpack(world_size)
 
 
 class BucketedDDP(OverlappedDataParallel):
@@ -81,20 +102,41 @@ class BucketedDDP(OverlappedDataParallel):
         module: nn.Module,
         bucket_size_mb: float | None = 25.0,
         process_group: dist.ProcessGroup | None = None,
+        *,
+        gradient_as_bucket_view: bool = True,
+        first_bucket_mb: float | None = 1.0,
         reorder_after_first_step: bool = True,
+        comm_dtype: torch.dtype | None = None,
     ):
-        # Validated before the base class broadcasts anything, so a bad size fails alone.
+        # Validated before the base class broadcasts anything, so a bad call fails alone.
         self.bucket_cap_bytes = check_bucket_size_mb(bucket_size_mb)
+        self.first_bucket_cap_bytes = (
+            None if first_bucket_mb is None else check_bucket_size_mb(first_bucket_mb)
+        )
+        if comm_dtype is not None and not (
+            isinstance(comm_dtype, torch.dtype) and comm_dtype.is_floating_point
+        ):
+            raise ValueError(f"comm_dtype must be a floating-point torch.dtype, got {comm_dtype!r}")
         self.bucket_size_mb = bucket_size_mb
+        self.comm_dtype = comm_dtype
+        # A gradient cannot be a view of a buffer of another dtype.
+        self.gradient_as_bucket_view = gradient_as_bucket_view and comm_dtype is None
         super().__init__(module, process_group, reorder_after_first_step)
 
     def _build_units(self, params_in_launch_order: Sequence[nn.Parameter]) -> list[ReductionUnit]:
-        plan = plan_buckets(params_in_launch_order, self.bucket_cap_bytes)
-        return [GradBucket([params_in_launch_order[i] for i in bucket]) for bucket in plan]
+        plan = plan_buckets(params_in_launch_order, self.bucket_cap_bytes, self.first_bucket_cap_bytes)
+        return [
+            GradBucket(
+                [params_in_launch_order[i] for i in bucket],
+                comm_dtype=self.comm_dtype,
+                grad_views=self.gradient_as_bucket_view,
+            )
+            for bucket in plan
+        ]
 
     def _complete_units(self) -> None:
         for bucket in self._units:
-            bucket.complete()
+            bucket.complete(self.world_size)
 
     @property
     def buckets(self) -> list[GradBucket]:

@@ -56,12 +56,15 @@ class StepBenchmarkSetting:
     backend: str | None = None  # None: nccl on cuda, gloo on cpu
     bucket_sizes_mb: tuple[float, ...] = (1, 10, 100, 1000)  # one bucketed variant each
     include_torch_ddp: bool = True  # time torch's DDP in the same run
+    variants: tuple[str, ...] | None = None  # explicit variant list (see parse); None: the sweep
     rounds: int = 3  # interleaved rounds
     steps_per_round: int = 3  # timed steps of each variant per round
     warmup_steps: int = 1  # untimed steps of each variant at the start of each round
     seed: int = 0
 
     def variant_names(self) -> list[str]:
+        if self.variants is not None:
+            return list(self.variants)
         names = [COMPUTE_ONLY, "naive", "flat", "per-parameter"]
         names += [bucketed_name(mb) for mb in self.bucket_sizes_mb]
         if self.include_torch_ddp:
@@ -71,6 +74,52 @@ class StepBenchmarkSetting:
 
 def bucketed_name(bucket_size_mb: float) -> str:
     return f"bucketed-{bucket_size_mb:g}MB"
+
+
+# Suffixes of a bucketed variant's name that switch one lever of BucketedDDP off (or bf16 on).
+LEVER_SUFFIXES = {
+    "-copy": {"gradient_as_bucket_view": False},
+    "-no-first": {"first_bucket_mb": None},
+    "-no-reorder": {"reorder_after_first_step": False},
+    "-plain": {"gradient_as_bucket_view": False, "first_bucket_mb": None, "reorder_after_first_step": False},
+    "-bf16": {"comm_dtype": torch.bfloat16},
+}
+# The ablation: every lever on, each one off, all off, bf16 communication; torch DDP beside.
+ABLATION_VARIANTS = (
+    COMPUTE_ONLY,
+    "per-parameter",
+    "bucketed-25MB-plain",
+    "bucketed-25MB-copy",
+    "bucketed-25MB-no-first",
+    "bucketed-25MB-no-reorder",
+    "bucketed-25MB",
+    "bucketed-25MB-bf16",
+    TORCH_DDP,
+)
+
+
+def parse_bucketed(name: str) -> tuple[float | None, dict]:
+    """``bucketed-<N>MB[<suffix>]`` -> (bucket size in MB, BucketedDDP keyword arguments)."""
+    rest = name.removeprefix("bucketed-")
+    options: dict = {}
+    for suffix, lever in LEVER_SUFFIXES.items():
+        if rest.endswith(suffix):
+            rest = rest.removesuffix(suffix)
+            options.update(lever)
+    if not rest.endswith("MB"):
+        raise ValueError(f"unknown variant {name!r}: expected bucketed-<N>MB[{'|'.join(LEVER_SUFFIXES)}]")
+    try:
+        return float(rest.removesuffix("MB")), options
+    except ValueError as e:
+        raise ValueError(f"unknown variant {name!r}: bad bucket size") from e
+
+
+def check_variant_name(name: str) -> None:
+    if name in (COMPUTE_ONLY, TORCH_DDP, "naive", "flat", "per-parameter"):
+        return
+    if not name.startswith("bucketed-"):
+        raise ValueError(f"unknown variant {name!r}")
+    parse_bucketed(name)
 
 
 @dataclass
@@ -121,8 +170,8 @@ def _make_variant(name: str, module: nn.Module, setting: StepBenchmarkSetting, c
     elif name == "per-parameter":
         wrapper = DDPIndividualParameters(module)
     else:
-        mb = next(mb for mb in setting.bucket_sizes_mb if bucketed_name(mb) == name)
-        wrapper = BucketedDDP(module, bucket_size_mb=mb)
+        mb, options = parse_bucketed(name)
+        wrapper = BucketedDDP(module, bucket_size_mb=mb, **options)
     return _Variant(name, wrapper, wrapper)
 
 
@@ -188,7 +237,7 @@ def _benchmark_rank(ctx: RankContext, setting: StepBenchmarkSetting) -> dict:
     measured = {name: _Measurements() for name in names}
     # torch's DDP is built once: its reducer ignores backward passes it did not start, and
     # rebuilding it each round would re-register its hooks. Ours are rebuilt and detached.
-    torch_ddp = _make_variant(TORCH_DDP, module, setting, ctx) if setting.include_torch_ddp else None
+    torch_ddp = _make_variant(TORCH_DDP, module, setting, ctx) if TORCH_DDP in names else None
     for _ in range(setting.rounds):
         for name in names:
             variant = torch_ddp if name == TORCH_DDP else _make_variant(name, module, setting, ctx)
@@ -238,8 +287,8 @@ def summarize(raw_records: list[dict], setting: StepBenchmarkSetting) -> list[di
         out.append(
             {
                 **raw,
-                "bucket_size_mb": next(
-                    (mb for mb in setting.bucket_sizes_mb if bucketed_name(mb) == raw["variant"]), None
+                "bucket_size_mb": (
+                    parse_bucketed(raw["variant"])[0] if raw["variant"].startswith("bucketed-") else None
                 ),
                 "median_step_s": median_step,
                 "min_step_s": steps[0],
@@ -259,7 +308,11 @@ def run_step_benchmark(setting: StepBenchmarkSetting) -> tuple[list[dict], int]:
 
     Returns (one summarised record per variant, number of model parameters).
     """
-    shard_rows(setting.global_batch, 0, setting.world_size)  # ValueError before spawning
+    shard_rows(setting.global_batch, 0, setting.world_size)  # ValueErrors before spawning
+    for name in setting.variant_names():
+        check_variant_name(name)
+    if COMPUTE_ONLY not in setting.variant_names():
+        raise ValueError(f"variants must include {COMPUTE_ONLY!r}: exposed overhead is measured against it")
     model_config(setting.model_size, setting.context_length)  # ValueError for unknown sizes
     results = run_ranks(
         _benchmark_rank,

@@ -5,6 +5,15 @@ parameters sharing a dtype and device, back to back, followed by one flag per pa
 this rank has its gradient, else 0). One all-reduce then sums the gradients and, in the same
 call, counts how many ranks contributed each one, which decides whether a gradient missing on
 this rank is filled in (some rank used the parameter) or left ``None`` (no rank did).
+
+Two options trade generality for speed:
+
+* ``grad_views``: each parameter's ``.grad`` becomes a view into the buffer (torch DDP's
+  ``gradient_as_bucket_view``), so the reduced values need no copy back and, when gradients
+  are zeroed rather than set to ``None``, backward accumulates straight into the buffer;
+* ``comm_dtype``: communicate in a narrower dtype (e.g. bfloat16: half the bytes). The sum is
+  then taken in that dtype and the average formed afterwards in the parameter's dtype, so the
+  division does not add a second rounding in low precision.
 """
 
 from __future__ import annotations
@@ -16,50 +25,86 @@ from torch import nn
 class FlatGradBuffer:
     """Storage for one group of gradients: pack before the all-reduce, unpack after."""
 
-    def __init__(self, params: list[nn.Parameter]):
+    def __init__(
+        self,
+        params: list[nn.Parameter],
+        comm_dtype: torch.dtype | None = None,
+        grad_views: bool = False,
+    ):
         if not params:
             raise ValueError("a FlatGradBuffer needs at least one parameter")
         kinds = {(p.dtype, p.device) for p in params}
         if len(kinds) != 1:
             raise ValueError(f"parameters of one buffer must share dtype and device, got {kinds}")
+        param_dtype = params[0].dtype
+        self.comm_dtype = comm_dtype or param_dtype
+        if grad_views and self.comm_dtype != param_dtype:
+            raise ValueError(
+                f"gradients cannot be views of a {self.comm_dtype} buffer for {param_dtype} "
+                "parameters: use grad_views=False with comm_dtype"
+            )
         self.params = params
+        self.grad_views = grad_views
         self.numels = [p.numel() for p in params]
         self.grad_numel = sum(self.numels)
         self.data = torch.zeros(
-            self.grad_numel + len(params), dtype=params[0].dtype, device=params[0].device
+            self.grad_numel + len(params), dtype=self.comm_dtype, device=params[0].device
         )
+        self._slots = list(torch.split(self.data[: self.grad_numel], self.numels))
+        self._index = {id(p): i for i, p in enumerate(params)}
+        # Pre-divide when summing in the parameters' own dtype, as torch's DDP does: it keeps
+        # low-precision sums in range. With a narrower comm dtype, divide after, in full width.
+        self._pre_divide = self.comm_dtype == param_dtype
 
     @property
     def payload_bytes(self) -> int:
         return self.data.numel() * self.data.element_size()
 
-    def _grad_views(self) -> list[torch.Tensor]:
-        return list(torch.split(self.data[: self.grad_numel], self.numels))
+    def _is_view(self, i: int) -> bool:
+        grad = self.params[i].grad
+        return grad is not None and grad.data_ptr() == self._slots[i].data_ptr()
+
+    def adopt_grad(self, param: nn.Parameter) -> None:
+        """With ``grad_views``: move ``param``'s fresh gradient into its slot, point ``.grad``
+        at the slot. Called as each gradient becomes ready, so the copies spread over backward."""
+        i = self._index[id(param)]
+        if not self.grad_views or param.grad is None or self._is_view(i):
+            return
+        self._slots[i].copy_(param.grad.reshape(-1))
+        param.grad = self._slots[i].view_as(param)
 
     def pack(self, world_size: int) -> None:
-        """Copy local gradients in (zeros where missing), pre-divided by the world size.
-
-        Dividing before the sum rather than after keeps low-precision values in range, as
-        torch's DDP does.
-        """
+        """Bring every local gradient into the buffer (zeros where missing) and set the flags."""
         flags = []
-        for param, view in zip(self.params, self._grad_views()):
+        for i, (param, slot) in enumerate(zip(self.params, self._slots)):
             if param.grad is None:
-                view.zero_()
+                slot.zero_()
                 flags.append(0.0)
-            else:
-                view.copy_(param.grad.reshape(-1))
-                flags.append(1.0)
-        self.data[: self.grad_numel].div_(world_size)
-        self.data[self.grad_numel :].copy_(torch.tensor(flags, dtype=self.data.dtype))
+                continue
+            flags.append(1.0)
+            if self._is_view(i):
+                continue
+            slot.copy_(param.grad.reshape(-1))
+            if self.grad_views:
+                param.grad = slot.view_as(param)
+        if self._pre_divide:
+            self.data[: self.grad_numel].div_(world_size)
+        self.data[self.grad_numel :].copy_(torch.tensor(flags, dtype=self.comm_dtype))
 
-    def unpack(self) -> None:
-        """Write the reduced gradients back; leave ``None`` those that no rank produced."""
+    def unpack(self, world_size: int) -> None:
+        """Write the averaged gradients back; leave ``None`` those that no rank produced."""
         ranks_with_grad = self.data[self.grad_numel :].tolist()
-        for param, view, count in zip(self.params, self._grad_views(), ranks_with_grad):
+        for i, (param, slot, count) in enumerate(zip(self.params, self._slots, ranks_with_grad)):
             if count == 0:
                 continue
+            if self.grad_views:
+                if not self._is_view(i):
+                    param.grad = slot.view_as(param)
+                continue
+            reduced = slot.view_as(param)
+            if not self._pre_divide:
+                reduced = reduced.to(param.dtype) / world_size
             if param.grad is None:
-                param.grad = view.view_as(param).clone()
+                param.grad = reduced.to(param.dtype, copy=True)
             else:
-                param.grad.copy_(view.view_as(param))
+                param.grad.copy_(reduced)

@@ -27,5 +27,5 @@ class FlatDDP(DataParallel):
         for buffer in self._buffers:
             buffer.pack(self.world_size)
             self._all_reduce(buffer.data)
-            buffer.unpack()
+            buffer.unpack(self.world_size)
         self.allreduce_calls_last_step = len(self._buffers)

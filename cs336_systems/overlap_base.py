@@ -40,6 +40,9 @@ class ReductionUnit:
     def launch(self, ddp: "OverlappedDataParallel") -> dist.Work:
         raise NotImplementedError
 
+    def on_param_ready(self, param: nn.Parameter) -> None:
+        """Called from the hook as each of the unit's gradients becomes ready."""
+
 
 class OverlappedDataParallel(DataParallel):
     """Base of per-parameter and bucketed DDP. Subclasses implement :meth:`_build_units`."""
@@ -118,6 +121,7 @@ class OverlappedDataParallel(DataParallel):
         self._ready_order.append(key)
         self._ready_ids.add(key)
         unit = self._unit_of[key]
+        self._units[unit].on_param_ready(param)
         self._pending[unit] -= 1
         while self._next_unit < len(self._units) and self._pending[self._next_unit] == 0:
             self._launch_next()

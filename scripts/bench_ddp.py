@@ -23,7 +23,12 @@ import argparse
 import os
 import sys
 
-from cs336_systems.ddp_benchmark import StepBenchmarkSetting, run_step_benchmark, setting_record
+from cs336_systems.ddp_benchmark import (
+    ABLATION_VARIANTS,
+    StepBenchmarkSetting,
+    run_step_benchmark,
+    setting_record,
+)
 from cs336_systems.process_group import running_under_launcher
 from cs336_systems.run_metadata import collect_environment, results_dir, write_results
 
@@ -42,6 +47,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps-per-round", type=int, default=d.steps_per_round)
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     p.add_argument("--no-torch-ddp", action="store_true", help="leave torch's DDP out")
+    p.add_argument("--variants", nargs="*", default=None,
+                   help="explicit variants, e.g. compute-only bucketed-25MB-copy torch-ddp")
+    p.add_argument("--ablation", action="store_true",
+                   help="the bucketed-DDP lever ablation (writes ablation.json by default)")
     p.add_argument("--shared-gpu", action="store_true", help="mark records: ranks share one GPU")
     p.add_argument("--tag", default=None, help="results folder name (default: machine tag)")
     p.add_argument("--out", default=None, help="output JSON (default: writeup/results/<tag>/ddp_step.json)")
@@ -59,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         backend=args.backend,
         bucket_sizes_mb=tuple(args.bucket_sizes_mb),
         include_torch_ddp=not args.no_torch_ddp,
+        variants=ABLATION_VARIANTS if args.ablation else (tuple(args.variants) if args.variants else None),
         rounds=args.rounds,
         steps_per_round=args.steps_per_round,
         warmup_steps=args.warmup_steps,
@@ -75,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     meta.update(setting=setting_record(setting), n_parameters=n_parameters, shared_gpu=args.shared_gpu)
     for record in records:
         record["shared_gpu"] = args.shared_gpu
-    out = args.out or results_dir(args.tag) / "ddp_step.json"
+    out = args.out or results_dir(args.tag) / ("ablation.json" if args.ablation else "ddp_step.json")
     write_results(out, records, meta)
     print(f"{setting.model_size} ({n_parameters / 1e6:.1f}M parameters), {setting.world_size} ranks, "
           f"{backend}, global batch {setting.global_batch} x {setting.context_length} tokens")

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import adapters
+from cs336_systems.bucketed_ddp import BucketedDDP
 from cs336_systems.process_group import RankContext
 
 BATCH = 12  # divisible by world sizes 2 and 3
@@ -88,6 +89,9 @@ class Case:
     accumulate: bool = False  # two micro-batches per step, the first under no_sync()
     steps: int = 3
     seed: int = 0
+    set_to_none: bool = True  # zero_grad(set_to_none=...): False accumulates into bucket views
+    bucket_options: tuple[tuple[str, object], ...] = ()  # BucketedDDP levers, as (name, value)
+    atol: float = 1e-5  # tolerance against the single-process reference (see the tests)
 
 
 def make_optimizer(kind: str, params) -> torch.optim.Optimizer:
@@ -105,6 +109,8 @@ def wrap(case: Case, module: nn.Module) -> nn.Module:
         return adapters.get_ddp_flat(module)
     if case.variant == "individual":
         return adapters.get_ddp_individual_parameters(module)
+    if case.variant == "bucketed" and case.bucket_options:
+        return BucketedDDP(module, bucket_size_mb=case.bucket_size_mb, **dict(case.bucket_options))
     if case.variant == "bucketed":
         return adapters.get_ddp_bucketed(module, bucket_size_mb=case.bucket_size_mb)
     raise ValueError(f"unknown variant {case.variant!r}")
@@ -137,7 +143,7 @@ def run_single_process(case: Case) -> list[dict[str, torch.Tensor]]:
     optimizer = make_optimizer(case.optimizer, model.parameters())
     history = []
     for step in range(case.steps):
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=case.set_to_none)
         micro_batches = [batch(case, step, m) for m in range(2 if case.accumulate else 1)]
         x = torch.cat([mb[0] for mb in micro_batches])
         y = torch.cat([mb[1] for mb in micro_batches])
@@ -155,7 +161,7 @@ def _run_ddp_case(ctx: RankContext, case: Case) -> dict:
     rows = slice(ctx.rank * shard, (ctx.rank + 1) * shard)
     history, calls = [], []
     for step in range(case.steps):
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=case.set_to_none)
         n_micro = 2 if case.accumulate else 1
         for micro in range(n_micro):
             x, y = batch(case, step, micro)
