@@ -15,7 +15,9 @@ benchmark (``scripts/bench_ddp.py --ablation``):
 * ``reorder_after_first_step``: after the first step, buckets are rebuilt in the order
   gradients actually became ready (see overlap_base.py);
 * ``comm_dtype``: communicate gradients in a narrower dtype (off by default: it changes the
-  numbers; bfloat16 halves the bytes).
+  numbers; bfloat16 halves the bytes);
+* ``bucket_size_mb="auto"``: the size the overhead model predicts is best for this model on
+  this job's measured all-reduce (bucket_autotune.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cs336_systems.bucket_autotune import AllReduceCalibration, auto_bucket_bytes
 from cs336_systems.flat_buffer import FlatGradBuffer
 from cs336_systems.overlap_base import OverlappedDataParallel, ReductionUnit
 
@@ -60,12 +63,19 @@ def plan_buckets(
     return buckets
 
 
-def check_bucket_size_mb(bucket_size_mb: float | None) -> float:
-    """The bucket cap in bytes (inf for None); ValueError for anything but a positive number."""
+AUTO = "auto"
+
+
+def check_bucket_size_mb(bucket_size_mb: float | str | None, allow_auto: bool = False) -> float | None:
+    """The bucket cap in bytes (inf for None, None for "auto" where allowed); ValueError for
+    anything but a positive number."""
     if bucket_size_mb is None:
         return math.inf
+    if allow_auto and bucket_size_mb == AUTO:
+        return None
     if isinstance(bucket_size_mb, bool) or not isinstance(bucket_size_mb, (int, float)):
-        raise ValueError(f"bucket_size_mb must be a positive number or None, got {bucket_size_mb!r}")
+        expected = 'a positive number, None or "auto"' if allow_auto else "a positive number or None"
+        raise ValueError(f"bucket_size_mb must be {expected}, got {bucket_size_mb!r}")
     if math.isnan(bucket_size_mb) or bucket_size_mb <= 0:
         raise ValueError(f"bucket_size_mb must be > 0, got {bucket_size_mb!r}")
     return float(bucket_size_mb) * MB
@@ -94,13 +104,14 @@ class GradBucket(ReductionUnit):
 class BucketedDDP(OverlappedDataParallel):
     """Bucketed overlapped DDP; call :meth:`finish_gradient_synchronization` before the step.
 
-    ``bucket_size_mb=None`` puts every gradient of a kind into one unbounded bucket.
+    ``bucket_size_mb=None`` puts every gradient of a kind into one unbounded bucket;
+    ``"auto"`` calibrates the all-reduce at construction and uses the model's optimum.
     """
 
     def __init__(
         self,
         module: nn.Module,
-        bucket_size_mb: float | None = 25.0,
+        bucket_size_mb: float | str | None = 25.0,
         process_group: dist.ProcessGroup | None = None,
         *,
         gradient_as_bucket_view: bool = True,
@@ -109,7 +120,8 @@ class BucketedDDP(OverlappedDataParallel):
         comm_dtype: torch.dtype | None = None,
     ):
         # Validated before the base class broadcasts anything, so a bad call fails alone.
-        self.bucket_cap_bytes = check_bucket_size_mb(bucket_size_mb)
+        self.bucket_cap_bytes = check_bucket_size_mb(bucket_size_mb, allow_auto=True)
+        self.calibration: AllReduceCalibration | None = None  # set when bucket_size_mb="auto"
         self.first_bucket_cap_bytes = (
             None if first_bucket_mb is None else check_bucket_size_mb(first_bucket_mb)
         )
@@ -124,6 +136,11 @@ class BucketedDDP(OverlappedDataParallel):
         super().__init__(module, process_group, reorder_after_first_step)
 
     def _build_units(self, params_in_launch_order: Sequence[nn.Parameter]) -> list[ReductionUnit]:
+        if self.bucket_cap_bytes is None:  # "auto": every rank runs this at construction
+            sizes = [p.numel() * p.element_size() for p in self.synced_params]
+            self.bucket_cap_bytes, self.calibration = auto_bucket_bytes(
+                sum(sizes), max(sizes), self.synced_params[0].device, self.process_group
+            )
         plan = plan_buckets(params_in_launch_order, self.bucket_cap_bytes, self.first_bucket_cap_bytes)
         return [
             GradBucket(

@@ -19,6 +19,7 @@ tokens per second, and all-reduce calls per step.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -94,13 +95,17 @@ ABLATION_VARIANTS = (
     "bucketed-25MB-no-reorder",
     "bucketed-25MB",
     "bucketed-25MB-bf16",
+    "bucketed-auto",
     TORCH_DDP,
 )
 
 
-def parse_bucketed(name: str) -> tuple[float | None, dict]:
-    """``bucketed-<N>MB[<suffix>]`` -> (bucket size in MB, BucketedDDP keyword arguments)."""
+def parse_bucketed(name: str) -> tuple[float | str, dict]:
+    """``bucketed-<N>MB[<suffix>]`` -> (bucket size in MB, BucketedDDP keyword arguments);
+    ``bucketed-auto`` -> ("auto", {})."""
     rest = name.removeprefix("bucketed-")
+    if rest == "auto":
+        return "auto", {}
     options: dict = {}
     for suffix, lever in LEVER_SUFFIXES.items():
         if rest.endswith(suffix):
@@ -143,6 +148,7 @@ class _Measurements:
     sync_times: list[float] = field(default_factory=list)
     calls: list[int] = field(default_factory=list)
     n_buckets: int | None = None
+    bucket_cap_bytes: float | None = None  # what "auto" chose, for bucketed variants
 
 
 def _sync_stream(device: torch.device) -> None:
@@ -252,6 +258,8 @@ def _benchmark_rank(ctx: RankContext, setting: StepBenchmarkSetting) -> dict:
                     m.calls.append(variant.wrapper.allreduce_calls_last_step)
             if isinstance(variant.wrapper, BucketedDDP):
                 m.n_buckets = len(variant.wrapper.buckets)
+                cap = variant.wrapper.bucket_cap_bytes
+                m.bucket_cap_bytes = cap if math.isfinite(cap) else None
             if name == TORCH_DDP:
                 m.n_buckets = _torch_ddp_bucket_count(variant.model)
                 if m.n_buckets is not None:
@@ -269,6 +277,7 @@ def _benchmark_rank(ctx: RankContext, setting: StepBenchmarkSetting) -> dict:
                 "sync_times_s": _slowest_rank(m.sync_times, ctx.device) if has_sync_phase else None,
                 "allreduce_calls_per_step": statistics.median(m.calls) if m.calls else None,
                 "n_buckets": m.n_buckets,
+                "bucket_cap_bytes": m.bucket_cap_bytes,
             }
         )
     return {"records": records, "n_parameters": sum(p.numel() for p in module.parameters())}

@@ -85,7 +85,7 @@ class Case:
     variant: str  # "naive", "flat", "individual" or "bucketed"
     model: str  # key of MODELS
     optimizer: str  # "sgd" (momentum 0.9) or "adamw"
-    bucket_size_mb: float | None = None  # bucketed only
+    bucket_size_mb: float | str | None = None  # bucketed only; "auto" calibrates
     accumulate: bool = False  # two micro-batches per step, the first under no_sync()
     steps: int = 3
     seed: int = 0
@@ -176,7 +176,8 @@ def _run_ddp_case(ctx: RankContext, case: Case) -> dict:
         history.append(snapshot(module))
         calls.append(ddp.allreduce_calls_last_step)
     buckets = len(ddp.buckets) if hasattr(ddp, "buckets") else None
-    return {"history": history, "calls": calls, "buckets": buckets}
+    cap = getattr(ddp, "bucket_cap_bytes", None)
+    return {"history": history, "calls": calls, "buckets": buckets, "bucket_cap_bytes": cap}
 
 
 def run_ddp_cases(ctx: RankContext, cases: list[Case]) -> dict[str, dict]:

@@ -17,7 +17,7 @@ from tests.common import ToyModel
 pytestmark = pytest.mark.problem("ddp_overlap_bucketed")
 
 
-@pytest.mark.parametrize("bad", [0, -1.0, math.nan, "10", True])
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, "10", "Auto", True])
 def test_bad_bucket_size_raises_before_any_collective(bad):
     # No process group exists in this process: reaching a collective would raise a
     # different error, so a ValueError shows the check comes first.
