@@ -7,7 +7,7 @@ RUN := $(UV) run --locked
 unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
-.PHONY: help env test
+.PHONY: help env test bench bench-quick bench-gpu writeup doctor
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -19,3 +19,15 @@ env: ## install uv if missing and sync the locked environment into .venv
 
 test: env ## run every correctness test in parallel, then print the grade table
 	$(RUN) pytest -n auto --dist loadgroup
+
+bench: env ## CPU benchmarks with gloo on this machine (<15 min on 2 cores), then the writeup
+	$(RUN) python scripts/run_benchmarks.py --suite cpu
+
+bench-quick: env ## the bench path with minimal sizes (<3 min), into writeup/results/quick
+	$(RUN) python scripts/run_benchmarks.py --suite quick
+
+bench-gpu: env ## NCCL benchmarks at the handout's settings on a node with 1-6 GPUs, then the writeup
+	$(RUN) python scripts/run_benchmarks.py --suite gpu
+
+writeup: env ## render writeup/README.md and writeup/writeup.ipynb from writeup/results
+	$(RUN) python scripts/make_writeup.py

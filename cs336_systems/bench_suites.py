@@ -1,0 +1,124 @@
+"""The benchmark suites behind ``make bench``, ``make bench-quick`` and ``make bench-gpu``.
+
+A suite is an ordered list of steps; each step runs one of our scripts as its own process
+(so that one step's memory, threads and process groups cannot leak into the next, and the
+memory accounting sees a fresh process) and writes one results file under
+``writeup/results/<tag>/``. The suites end by rendering the writeup.
+
+* ``cpu``: gloo on this machine's CPUs, sized to finish in under 15 minutes on 2 cores;
+* ``quick``: the same path with minimal sizes (a smoke check, under 3 minutes), written to
+  ``writeup/results/quick/``, which the writeup ignores;
+* ``gpu``: with 2-6 GPUs, NCCL at the handout's settings (the xl model on 2 GPUs for the DDP
+  problems, 2/4/6 GPUs for the all-reduce grid where available); with 1 GPU, gloo ranks sharing
+  it, every record marked ``shared_gpu``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BenchStep:
+    """One script run of a suite."""
+
+    name: str  # what the progress bar shows
+    script: str  # path relative to the repository root
+    args: tuple[str, ...]  # its command-line arguments (results paths included)
+
+
+def _steps_for(
+    out: str,
+    *,
+    allreduce: tuple[str, ...],
+    ddp: tuple[str, ...],
+    ablation: tuple[str, ...] | None,
+    profile: tuple[str, ...],
+    sharded: tuple[str, ...],
+    naive_steps: int,
+) -> list[BenchStep]:
+    steps = [
+        BenchStep("all-reduce grid", "scripts/bench_allreduce.py", (*allreduce, "--out", f"{out}/allreduce.json")),
+        BenchStep(
+            "naive DDP equivalence",
+            "scripts/naive_ddp.py",
+            ("--world-size", "2", "--steps", str(naive_steps), "--out", f"{out}/naive_ddp.json"),
+        ),
+        BenchStep("DDP step benchmark", "scripts/bench_ddp.py", (*ddp, "--out", f"{out}/ddp_step.json")),
+    ]
+    if ablation is not None:
+        steps.append(
+            BenchStep("bucketed DDP ablation", "scripts/bench_ddp.py", (*ablation, "--ablation", "--out", f"{out}/ablation.json"))
+        )
+    steps += [
+        BenchStep("profiler timelines", "scripts/profile_ddp.py", (*profile, "--out-dir", f"{out}/profile")),
+        BenchStep(
+            "sharded optimizer accounting",
+            "scripts/bench_sharded_optimizer.py",
+            (*sharded, "--out", f"{out}/sharded_optimizer.json"),
+        ),
+    ]
+    return steps
+
+
+CPU_DDP = ("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4", "--world-size", "2")
+
+
+def cpu_suite(out: str) -> list[BenchStep]:
+    return _steps_for(
+        out,
+        allreduce=("--backend", "gloo", "--device", "cpu", "--world-sizes", "2", "4", "6",
+                   "--sizes-mb", "1", "10", "100", "1000", "--budget-s", "240"),
+        ddp=(*CPU_DDP, "--rounds", "3", "--steps-per-round", "2", "--bucket-sizes-mb", "1", "10", "100", "1000"),
+        ablation=(*CPU_DDP, "--rounds", "3", "--steps-per-round", "2"),
+        profile=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
+        sharded=("--model-size", "cpu-small", "--context-length", "128", "--batch-per-rank", "2"),
+        naive_steps=10,
+    )
+
+
+def quick_suite(out: str) -> list[BenchStep]:
+    tiny = ("--model-size", "tiny", "--context-length", "32")
+    return _steps_for(
+        out,
+        allreduce=("--backend", "gloo", "--device", "cpu", "--world-sizes", "2",
+                   "--sizes-mb", "0.01", "0.1", "1", "--budget-s", "30"),
+        ddp=(*tiny, "--global-batch", "4", "--rounds", "1", "--steps-per-round", "2", "--bucket-sizes-mb", "0.1", "1"),
+        ablation=(*tiny, "--global-batch", "4", "--rounds", "1", "--steps-per-round", "1"),
+        profile=(*tiny, "--global-batch", "4"),
+        sharded=(*tiny, "--batch-per-rank", "2", "--steps", "2"),
+        naive_steps=3,
+    )
+
+
+def gpu_suite(out: str, gpu_count: int) -> list[BenchStep]:
+    """Raises ValueError without a GPU: there is nothing of this suite to run."""
+    if gpu_count < 1:
+        raise ValueError("no CUDA GPU is visible: `make bench-gpu` needs a node with 1-6 GPUs (run `make bench` for CPUs)")
+    if gpu_count == 1:
+        # NCCL needs one GPU per rank: with one GPU, ranks share it through gloo, and every
+        # record says so. The xl model does not fit twice on one GPU; "small" does.
+        ddp = ("--device", "cuda", "--backend", "gloo", "--shared-gpu", "--model-size", "small",
+               "--context-length", "128", "--global-batch", "8", "--world-size", "2")
+        return _steps_for(
+            out,
+            allreduce=("--backend", "gloo", "--device", "cuda", "--world-sizes", "2", "4", "6",
+                       "--sizes-mb", "1", "10", "100", "1000"),
+            ddp=(*ddp, "--rounds", "3", "--steps-per-round", "3"),
+            ablation=(*ddp, "--rounds", "3", "--steps-per-round", "3"),
+            profile=("--device", "cuda", "--backend", "gloo", "--model-size", "small", "--context-length", "128"),
+            sharded=("--device", "cuda", "--backend", "gloo", "--model-size", "small", "--batch-per-rank", "4"),
+            naive_steps=10,
+        )
+    world_sizes = [str(n) for n in (2, 4, 6) if n <= gpu_count]
+    xl = ("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--global-batch", "16", "--world-size", "2")
+    return _steps_for(
+        out,
+        allreduce=("--backend", "nccl", "--device", "cuda", "--world-sizes", *world_sizes,
+                   "--sizes-mb", "1", "10", "100", "1000"),
+        ddp=(*xl, "--rounds", "3", "--steps-per-round", "3", "--bucket-sizes-mb", "1", "10", "100", "1000"),
+        ablation=(*xl, "--rounds", "3", "--steps-per-round", "3"),
+        profile=("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--global-batch", "16"),
+        sharded=("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--batch-per-rank", "4"),
+        naive_steps=10,
+    )
