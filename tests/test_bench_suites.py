@@ -1,0 +1,35 @@
+"""The make-bench suites: every step names a script that exists, writes where the writeup
+reads, and the GPU suite refuses to run without a GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cs336_systems.bench_suites import cpu_suite, gpu_suite, quick_suite
+
+pytestmark = pytest.mark.problem("beyond")
+REPO = Path(__file__).resolve().parents[1]
+RESULT_FILES = {"allreduce.json", "naive_ddp.json", "ddp_step.json", "ablation.json", "sharded_optimizer.json"}
+
+
+@pytest.mark.parametrize("suite", [cpu_suite, quick_suite, lambda out: gpu_suite(out, 2), lambda out: gpu_suite(out, 1)])
+def test_steps_run_existing_scripts_into_the_results_folder(suite):
+    steps = suite("OUT")
+    for step in steps:
+        assert (REPO / step.script).is_file(), step.script
+    outputs = {Path(a).name for s in steps for a in s.args if a.startswith("OUT/") and a.endswith(".json")}
+    assert outputs == RESULT_FILES
+    assert any("OUT/profile" in s.args for s in steps)
+
+
+def test_gpu_suite_uses_nccl_only_with_a_gpu_per_rank():
+    two = " ".join(a for s in gpu_suite("OUT", 2) for a in s.args)
+    assert "nccl" in two and "--world-sizes 2 " in two and "xl" in two
+    one = " ".join(a for s in gpu_suite("OUT", 1) for a in s.args)
+    assert "nccl" not in one and "--shared-gpu" in one
+    six = [s for s in gpu_suite("OUT", 6) if s.name == "all-reduce grid"][0]
+    assert six.args[six.args.index("--world-sizes") + 1 : six.args.index("--world-sizes") + 4] == ("2", "4", "6")
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        gpu_suite("OUT", 0)
