@@ -31,3 +31,6 @@ bench-gpu: env ## NCCL benchmarks at the handout's settings on a node with 1-6 G
 
 writeup: env ## render writeup/README.md and writeup/writeup.ipynb from writeup/results
 	$(RUN) python scripts/make_writeup.py
+
+doctor: env ## check a DDP job's set-up: check-in, step times, shards, parameter agreement, all-reduce o/w
+	$(RUN) python scripts/doctor.py $(DOCTOR_ARGS)

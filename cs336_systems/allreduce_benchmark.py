@@ -275,7 +275,7 @@ def _probe_iteration_s(ctx: RankContext, payload_bytes: int) -> float:
     return float(elapsed.item())
 
 
-def _time_payload(
+def time_payload(
     ctx: RankContext, payload_bytes: int, warmup_iters: int, timed_iters: int
 ) -> tuple[list[float], bool]:
     """(slowest rank's seconds per timed iteration, whether every rank's result was right)."""
@@ -400,7 +400,7 @@ def benchmark_group_rank(
             continue
         warmup, timed = plan
         phase_start = time.perf_counter()
-        times, correct = _time_payload(ctx, setting.payload_bytes, warmup, timed)
+        times, correct = time_payload(ctx, setting.payload_bytes, warmup, timed)
         previous = (setting.payload_bytes, (time.perf_counter() - phase_start) / (warmup + timed))
         record = make_record(
             setting, shared_gpu=shared_gpu, times_s=times, warmup_iters=warmup, correct=correct
