@@ -1,0 +1,142 @@
+"""Turning numbers from results files into text: significant digits, ratios, tables, settings.
+
+Every number in the writeup passes through here, so one place decides how it looks. Times are
+shown in milliseconds (or microseconds), bandwidths in GB/s (1e9 bytes/s, nccl-tests' unit),
+sizes in MB (2**20 bytes, as everywhere in this repo).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+MB = 2**20
+GB = 1e9
+SCIENTIFIC_BELOW, SCIENTIFIC_FROM = 1e-4, 1e7  # outside this range, plain notation gets unreadable
+
+
+def sig(value: float | None, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant digits: "12.3", "0.00925", "1234", or "1.49e-08".
+
+    Trailing zeros are kept: they are significant. Plain notation between 1e-4 and 1e7 (integer
+    parts longer than the digits are kept whole), scientific notation outside.
+    """
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if math.isinf(value):
+        return "∞" if value > 0 else "−∞"
+    if value == 0:
+        return "0"
+    if not SCIENTIFIC_BELOW <= abs(value) < SCIENTIFIC_FROM:
+        return f"{value:.{digits - 1}e}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    text = f"{value:.{decimals}f}"
+    # Rounding can carry into a new digit (9.996 -> "10.00"); redo with one decimal fewer.
+    if decimals > 0 and len(text.lstrip("-").replace(".", "").lstrip("0")) > digits:
+        text = f"{value:.{decimals - 1}f}"
+    return text
+
+
+def ms(seconds: float | None, digits: int = 3) -> str:
+    """Seconds shown in milliseconds."""
+    return sig(None if seconds is None else seconds * 1e3, digits)
+
+
+def us(seconds: float | None, digits: int = 3) -> str:
+    """Seconds shown in microseconds."""
+    return sig(None if seconds is None else seconds * 1e6, digits)
+
+
+def gbps(bytes_per_s: float | None, digits: int = 3) -> str:
+    """Bytes per second shown in GB/s."""
+    return sig(None if bytes_per_s is None else bytes_per_s / GB, digits)
+
+
+def mb(n_bytes: float | None, digits: int = 3) -> str:
+    """Bytes shown in MB (2**20 bytes)."""
+    return sig(None if n_bytes is None else n_bytes / MB, digits)
+
+
+def size_mb(value_mb: float) -> str:
+    """A nominal size in MB (a payload or bucket size someone asked for): no trailing zeros."""
+    text = sig(value_mb, 3)
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def pct(fraction: float | None, digits: int = 3) -> str:
+    """A fraction shown in percent."""
+    return "–" if fraction is None else f"{sig(fraction * 100, digits)}%"
+
+
+def ratio(value: float) -> str:
+    """A ratio such as "1.63×"."""
+    return f"{sig(value, 3)}×"
+
+
+def relative(seconds_a: float, name_b: str, seconds_b: float) -> str:
+    """"R× faster than b (y ms)" (or slower, or "as fast as b"), from a's point of view."""
+    if seconds_a == seconds_b:
+        return f"as fast as {name_b} ({ms(seconds_b)} ms)"
+    word, factor = ("faster", seconds_b / seconds_a) if seconds_a < seconds_b else ("slower", seconds_a / seconds_b)
+    return f"{ratio(factor)} {word} than {name_b} ({ms(seconds_b)} ms)"
+
+
+def compare(name_a: str, seconds_a: float, name_b: str, seconds_b: float) -> str:
+    """"a is R× faster than b (x vs y ms)", or slower, or "as fast as"; R is always >= 1."""
+    if seconds_a == seconds_b:
+        return f"{name_a} is as fast as {name_b} ({ms(seconds_a)} ms each)"
+    if seconds_a < seconds_b:
+        word, factor = "faster", seconds_b / seconds_a
+    else:
+        word, factor = "slower", seconds_a / seconds_b
+    return f"{name_a} is {ratio(factor)} {word} than {name_b} ({ms(seconds_a)} vs {ms(seconds_b)} ms)"
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None) -> str:
+    """A GitHub markdown table; ``align`` has one letter per column, "l" or "r" (default: all "r"
+    but the first)."""
+    headers = list(headers)
+    align = align or "l" + "r" * (len(headers) - 1)
+    if len(align) != len(headers):
+        raise ValueError(f"align has {len(align)} letters for {len(headers)} columns")
+    rule = ["---:" if a == "r" else ":---" for a in align]
+    lines = [_row(headers), _row(rule)]
+    for row in rows:
+        row = list(row)
+        if len(row) != len(headers):
+            raise ValueError(f"row has {len(row)} cells for {len(headers)} columns: {row}")
+        lines.append(_row(str(cell) for cell in row))
+    return "\n".join(lines)
+
+
+def _row(cells: Iterable[str]) -> str:
+    return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+
+
+def hardware(meta: dict, device_type: str | None) -> str:
+    """What the numbers ran on: the GPU for CUDA runs, else the CPU and its logical cores."""
+    if device_type == "cuda" and meta.get("gpu_name"):
+        count = meta.get("gpu_count")
+        return f"{count}× {meta['gpu_name']}" if count else str(meta["gpu_name"])
+    cores = meta.get("cpu_count")
+    cpu = meta.get("cpu_model") or "unknown CPU"
+    return f"{cpu} ({cores} logical cores)" if cores else cpu
+
+
+def commit(meta: dict) -> str:
+    """Short commit hash, flagged when the working tree had uncommitted changes."""
+    full = meta.get("git_commit")
+    if not full:
+        return "commit unknown"
+    return f"commit {full[:7]}" + (" + uncommitted changes" if meta.get("git_dirty") else "")
+
+
+def setting_line(meta: dict, source: str, *, device_type: str | None = None, parts: Sequence[str] = (),
+                 shared_gpu: bool = False) -> str:
+    """One italic line naming everything a table's numbers depend on, and their file."""
+    device_type = device_type or meta.get("device_type")
+    items = [hardware(meta, device_type), *parts]
+    if shared_gpu:
+        items.append("gloo ranks sharing one GPU")
+    items += [f"torch {meta.get('torch_version', 'unknown')}", commit(meta), f"from `{source}`"]
+    return "*Setting: " + " · ".join(items) + ".*"
