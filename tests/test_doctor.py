@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import runpy
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.scripts_runner import run_script
 import torch
 from torch.utils.data import DistributedSampler
 
@@ -237,17 +237,11 @@ def test_missing_rank_is_named(reports):
 # The script
 
 
-def _run_script(monkeypatch, *args: str) -> int:
-    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *args])
-    with pytest.raises(SystemExit) as info:
-        runpy.run_path(str(SCRIPT), run_name="__main__")
-    return info.value.code
-
 
 @pytest.mark.timeout(300)
 def test_script_exits_nonzero_on_overlapping_shards(monkeypatch, capsys, tmp_path):
     out = tmp_path / "doctor.json"
-    assert _run_script(monkeypatch, "--inject", "overlapping-shards", "--steps", "1", "--json", str(out)) == 1
+    assert run_script(monkeypatch, SCRIPT, "--inject", "overlapping-shards", "--steps", "1", "--json", str(out)) == 1
     text = capsys.readouterr().out
     assert "FOUND 1 problem" in text and "DistributedSampler shards overlap" in text
     saved = json.loads(out.read_text())
@@ -255,5 +249,5 @@ def test_script_exits_nonzero_on_overlapping_shards(monkeypatch, capsys, tmp_pat
 
 
 def test_script_refuses_a_fault_on_a_rank_that_does_not_exist(monkeypatch, capsys):
-    assert _run_script(monkeypatch, "--world-size", "1", "--inject", "straggler") == 2
+    assert run_script(monkeypatch, SCRIPT, "--world-size", "1", "--inject", "straggler") == 2
     assert "needs world size > 1, got 1" in capsys.readouterr().err

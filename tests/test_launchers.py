@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import runpy
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.scripts_runner import run_script
 
 from cs336_systems.process_group import find_free_port
 from cs336_systems.slurm_launch import (
@@ -49,17 +50,10 @@ def _check_probe_output(out_dir: Path, world_size: int) -> None:
         assert r["reduced_sum"] == expected_sum
 
 
-def _run_script(monkeypatch, script: Path, *args: str) -> int:
-    monkeypatch.setattr(sys, "argv", [str(script), *args])
-    with pytest.raises(SystemExit) as info:
-        runpy.run_path(str(script), run_name="__main__")
-    return info.value.code
-
-
 @pytest.mark.timeout(180)
 def test_submit_slurm_local_executor_runs_script_as_ranks(tmp_path, monkeypatch, capsys):
     logs = tmp_path / "logs"
-    status = _run_script(
+    status = run_script(
         monkeypatch, SUBMIT, "--cluster", "local", "--tasks-per-node", str(WORLD_SIZE),
         "--folder", str(logs), "--time-min", "3",
         # --world-size is ignored under a launcher: the job's task count decides.

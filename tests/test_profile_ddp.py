@@ -10,12 +10,12 @@ checked on hand-built traces whose answers are worked out by hand below.
 from __future__ import annotations
 
 import json
-import runpy
-import sys
 from pathlib import Path
 
 import matplotlib.image
 import pytest
+
+from tests.scripts_runner import run_script
 
 from cs336_systems.ddp_profile import (
     AUTOGRAD_NODE_PREFIX,
@@ -31,17 +31,11 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_ddp.py"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _run_script(monkeypatch, *args: str) -> int:
-    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *args])
-    with pytest.raises(SystemExit) as info:
-        runpy.run_path(str(SCRIPT), run_name="__main__")
-    return info.value.code
-
 
 @pytest.mark.timeout(300)
 def test_profile_shows_overlap_for_per_parameter_only(tmp_path, monkeypatch, capsys):
-    status = _run_script(
-        monkeypatch, "--model-size", "tiny", "--context-length", "32", "--world-size", "2",
+    status = run_script(
+        monkeypatch, SCRIPT, "--model-size", "tiny", "--context-length", "32", "--world-size", "2",
         "--warmup-steps", "1", "--steps", "1", "--out-dir", str(tmp_path),
     )
     assert status == 0, capsys.readouterr().err

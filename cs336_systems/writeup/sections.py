@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from cs336_systems.writeup import fmt
 from cs336_systems.writeup.allreduce_section import allreduce_section
+from cs336_systems.writeup.beyond_sections import BEYOND_SECTIONS
 from cs336_systems.writeup.context import RenderContext, Section, SectionFn
 from cs336_systems.writeup.ddp_sections import (
     all_variants_section,
@@ -85,4 +86,5 @@ SECTIONS: list[SectionFn] = [
     bucketed_benchmarking_section,
     overhead_model_section,
     all_variants_section,
+    *BEYOND_SECTIONS,
 ]
