@@ -69,8 +69,9 @@ def cpu_suite(out: str) -> list[BenchStep]:
         out,
         allreduce=("--backend", "gloo", "--device", "cpu", "--world-sizes", "2", "4", "6",
                    "--sizes-mb", "1", "10", "100", "1000", "--budget-s", "240"),
-        ddp=(*CPU_DDP, "--rounds", "3", "--steps-per-round", "2", "--bucket-sizes-mb", "1", "10", "100", "1000"),
-        ablation=(*CPU_DDP, "--rounds", "3", "--steps-per-round", "2"),
+        # Many short rounds: this machine is noisy, and interleaving finely spreads drift evenly.
+        ddp=(*CPU_DDP, "--rounds", "8", "--steps-per-round", "1", "--bucket-sizes-mb", "1", "10", "100", "1000"),
+        ablation=(*CPU_DDP, "--rounds", "8", "--steps-per-round", "1"),
         profile=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
         sharded=("--model-size", "cpu-small", "--context-length", "128", "--batch-per-rank", "2"),
         naive_steps=10,
