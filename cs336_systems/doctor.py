@@ -31,7 +31,6 @@ import statistics
 import sys
 import time
 import uuid
-from collections import Counter
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from typing import Any, NamedTuple, Sequence
@@ -44,6 +43,18 @@ from torch.utils.data import DistributedSampler
 
 from cs336_systems.allreduce_benchmark import time_payload
 from cs336_systems.bucketed_ddp import MB, BucketedDDP
+from cs336_systems.doctor_findings import (  # noqa: F401  (re-exported: the doctor's API)
+    SHOWN,
+    BEFORE_BROADCAST,
+    AFTER_WRAPPING,
+    AFTER_TRAINING,
+    STAGE_CAUSES,
+    find_missing_ranks,
+    find_shard_problems,
+    find_parameter_mismatches,
+    find_stragglers,
+    ranks_text,
+)
 from cs336_systems.model import MODEL_SIZES, TransformerLM, count_parameters, model_config
 from cs336_systems.overhead_model import fit_latency_bandwidth, optimal_bucket_bytes
 from cs336_systems.process_group import RankContext, run_ranks, running_under_launcher
@@ -55,23 +66,6 @@ STRAGGLER = "straggler"  # rank 1 sleeps in every step
 MISSING_RANK = "missing-rank"  # rank 1 checks in only after rank 0 has given up on it
 INJECTIONS = (UNSEEDED, OVERLAPPING_SHARDS, STRAGGLER, MISSING_RANK)
 FAULTY_RANK = 1  # the rank that misbehaves in STRAGGLER and MISSING_RANK
-SHOWN = 5  # indices, ranks or parameters quoted in a finding before "..."
-
-# Stages at which parameters are compared, and what a mismatch first seen there usually means.
-BEFORE_BROADCAST = "before any broadcast"
-AFTER_WRAPPING = "right after wrapping in DDP"
-AFTER_TRAINING = "after the training steps"
-STAGE_CAUSES = {
-    BEFORE_BROADCAST: "ranks were seeded differently and nothing broadcast rank 0's weights; "
-    "wrap the model in DDP (which broadcasts) or seed every rank alike",
-    AFTER_WRAPPING: "the DDP wrapper did not broadcast rank 0's parameters and buffers at "
-    "construction",
-    AFTER_TRAINING: "replicas took different optimizer steps: gradients were not averaged over "
-    "all ranks (call finish_gradient_synchronization() after backward and before "
-    "optimizer.step()), or ranks used different learning rates or optimizers",
-}
-
-
 @dataclass(frozen=True)
 class DoctorOptions:
     """What the diagnostic run does."""
@@ -151,164 +145,6 @@ class DoctorReport:
 
 
 # ---------------------------------------------------------------------------------------------
-# Pure finders: gathered data in, findings (plain sentences) out
-
-
-def _shown(values: Sequence[Any]) -> str:
-    head = ", ".join(str(v) for v in values[:SHOWN])
-    return f"[{head}{', ...' if len(values) > SHOWN else ''}]"
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
-
-
-def find_missing_ranks(checkin_s: Sequence[float | None], timeout_s: float) -> list[str]:
-    """Ranks that checked in later than ``timeout_s`` after rank 0 started (None: never)."""
-    late = [r for r, t in enumerate(checkin_s) if t is None or t > timeout_s]
-    if not late:
-        return []
-    seen = [f"rank {r} after {checkin_s[r]:.1f} s" for r in late if checkin_s[r] is not None]
-    arrival = f" (arrived late: {', '.join(seen)})" if seen else ""
-    return [
-        f"{_ranks(late)} did not check in within {timeout_s:g} s of rank 0{arrival}: every other "
-        "rank waits for it in the next collective. A rank stuck before the first step (slow "
-        "data loading, a collective the others skipped, a different code path) looks like this; "
-        f"read {_ranks(late)}'s log for what it was doing"
-    ]
-
-
-def find_shard_problems(
-    indices_per_rank: Sequence[Sequence[int]], dataset_len: int, drop_last: bool = False
-) -> list[str]:
-    """Whether the ranks' sampler indices split ``range(dataset_len)`` into disjoint shards.
-
-    ``DistributedSampler`` makes every shard ``ceil(len / n)`` long by repeating a few indices
-    (``drop_last=False``: up to ``(-len) mod n`` repeats) or ``floor(len / n)`` by leaving a few
-    out (``drop_last=True``: up to ``len mod n``); those are not problems.
-    """
-    n = len(indices_per_rank)
-    lengths = [len(indices) for indices in indices_per_rank]
-    problems = []
-    if len(set(lengths)) > 1:
-        counts = ", ".join(f"rank {r}: {k}" for r, k in enumerate(lengths))
-        problems.append(
-            f"DistributedSampler gives ranks different numbers of samples ({counts}): ranks run "
-            "different numbers of steps, and the ones with more hang in a collective the others "
-            "never join; did every rank pass the same num_replicas=?"
-        )
-    counts = Counter(i for indices in indices_per_rank for i in indices)
-    outside = sorted(i for i in counts if not 0 <= i < dataset_len)
-    if outside:
-        problems.append(
-            f"DistributedSampler gave indices outside the dataset of {dataset_len}: {_shown(outside)}"
-        )
-    repeats = sum(c - 1 for c in counts.values())
-    missing = [i for i in range(dataset_len) if i not in counts]
-    allowed_repeats = 0 if drop_last else (-dataset_len) % n
-    allowed_missing = dataset_len % n if drop_last else 0
-    parts = []
-    if repeats > allowed_repeats:
-        a, b, shared = _first_overlap(indices_per_rank)
-        if shared:
-            parts.append(
-                f"ranks {a} and {b} both get indices {_shown(shared)} ({len(shared)} shared)"
-            )
-        else:
-            parts.append(f"{repeats} indices repeat within one rank's shard")
-    if len(missing) > allowed_missing:
-        parts.append(f"{len(missing)} of {dataset_len} indices reach no rank ({_shown(missing)})")
-    if parts:
-        problems.append(
-            f"DistributedSampler shards {'overlap' if repeats > allowed_repeats else 'miss data'}: "
-            f"{'; '.join(parts)}: did every rank construct the sampler with its own rank= and "
-            "the same num_replicas=?"
-        )
-    return problems
-
-
-def _first_overlap(indices_per_rank: Sequence[Sequence[int]]) -> tuple[int, int, list[int]]:
-    sets = [set(indices) for indices in indices_per_rank]
-    for a in range(len(sets)):
-        for b in range(a + 1, len(sets)):
-            shared = sorted(sets[a] & sets[b])
-            if shared:
-                return a, b, shared
-    return 0, 0, []
-
-
-def find_parameter_mismatches(
-    checksums_per_rank: Sequence[Sequence[ParameterChecksum]], names: Sequence[str], stage: str
-) -> list[str]:
-    """Ranks whose parameters differ from rank 0's at ``stage`` (a key of STAGE_CAUSES).
-
-    Parameters are compared by ``bit_sum``: equal bits give equal sums whatever the summation
-    order, and a changed value almost always changes its bits' integer sum.
-    """
-    if stage not in STAGE_CAUSES:
-        raise ValueError(f"stage must be one of {list(STAGE_CAUSES)}, got {stage!r}")
-    reference = checksums_per_rank[0]
-    if len(reference) != len(names):
-        raise ValueError(f"{len(names)} names for rank 0's {len(reference)} parameter checksums")
-    counts = [len(c) for c in checksums_per_rank]
-    if len(set(counts)) > 1:
-        listed = ", ".join(f"rank {r}: {k}" for r, k in enumerate(counts))
-        return [f"ranks hold different numbers of parameters {stage} ({listed}): ranks built different models"]
-    differing = []
-    for rank, checksums in enumerate(checksums_per_rank[1:], start=1):
-        bad = [i for i, (mine, ref) in enumerate(zip(checksums, reference)) if mine.bit_sum != ref.bit_sum]
-        if bad:
-            first = bad[0]
-            differing.append(
-                f"rank {rank}'s parameters differ from rank 0's in {len(bad)} of {len(names)} "
-                f"(first: {names[first]}, value sum {checksums[first].value_sum:.6g} vs "
-                f"{reference[first].value_sum:.6g})"
-            )
-    if not differing:
-        return []
-    return [f"{'; '.join(differing)} {stage}: {STAGE_CAUSES[stage]}"]
-
-
-def find_stragglers(
-    compute_s_per_rank: Sequence[float],
-    factor: float,
-    min_excess_s: float = 0.0,
-    load_per_core: Sequence[float | None] | None = None,
-) -> list[str]:
-    """Ranks more than ``factor`` times (and ``min_excess_s``) slower than the others' median.
-
-    Give each rank's *fastest* step: interference from other processes only ever adds time, so
-    a rank whose fastest step is slow is slow every step, while noise on a shared machine
-    makes one rank's median step twice another's now and then. (A rank slow only some steps,
-    say while it logs, is missed; the table's median column shows it.) ``load_per_core``, the
-    load average of each rank's host per core, adds a warning for oversubscribed hosts.
-    """
-    problems = []
-    for rank, mine in enumerate(compute_s_per_rank):
-        others = [t for r, t in enumerate(compute_s_per_rank) if r != rank]
-        if not others:
-            continue
-        typical = statistics.median(others)
-        if mine > factor * typical and mine - typical > min_excess_s:
-            ratio = f"{mine / typical:.1f}x" if typical > 0 else "far more than"
-            load = load_per_core[rank] if load_per_core is not None else None
-            busy = (
-                f". Its host is oversubscribed (load average {load:.1f} per core), which alone "
-                "can do this: rerun when the host is quiet"
-                if load is not None and load > 1
-                else ""
-            )
-            problems.append(
-                f"rank {rank} is a straggler: its fastest step computes in {mine * 1e3:.1f} ms, {ratio} the "
-                f"median of the other ranks ({typical * 1e3:.1f} ms), and every other rank waits "
-                "for it in each gradient all-reduce. Look for a slower or shared device, CPU "
-                "contention (threads per rank), or extra work on that rank (logging, data loading)"
-                + busy
-            )
-    return problems
-
-
-# ---------------------------------------------------------------------------------------------
 # What each rank measures
 
 
@@ -372,13 +208,13 @@ def _check_in(
         if now > options.checkin_timeout_s and not store.check(["verdict"]):
             store.set("verdict", json.dumps(sorted(pending)))
             print(
-                f"doctor: {_ranks(sorted(pending))} did not check in within "
+                f"doctor: {ranks_text(sorted(pending))} did not check in within "
                 f"{options.checkin_timeout_s:g} s; waiting up to {options.timeout_s:g} s more",
                 file=sys.stderr,
                 flush=True,
             )
         if now > options.checkin_timeout_s + options.timeout_s:
-            raise TimeoutError(f"{_ranks(sorted(pending))} never checked in")
+            raise TimeoutError(f"{ranks_text(sorted(pending))} never checked in")
         time.sleep(0.01)
     if not store.check(["verdict"]):
         store.set("verdict", "[]")

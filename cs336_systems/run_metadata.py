@@ -70,7 +70,9 @@ def git_state() -> tuple[str | None, bool | None]:
         return None, None
     # --no-optional-locks: a status query must not take .git/index.lock, which would make a
     # concurrent commit fail (git-status(1), "BACKGROUND REFRESH").
-    status = _git("--no-optional-locks", "status", "--porcelain")
+    # Generated artefacts under writeup/ (results files, figures) are outputs, not changes to
+    # the code that measured them: a suite writing its first file must not mark the rest dirty.
+    status = _git("--no-optional-locks", "status", "--porcelain", "--", ".", ":(exclude)writeup")
     return head.strip(), (None if status is None else bool(status.strip()))
 
 
