@@ -13,8 +13,9 @@ other tenants) hits all alike. Each step starts after a barrier; its time is the
 rank's. Per variant we report the median step time, the time inside gradient
 synchronisation (naive/flat: the all-reduce phase after backward; overlapped variants: the
 wait in ``finish_gradient_synchronization``; torch DDP does it inside backward, so none),
-the exposed overhead (median step minus the compute-only median), its share of the step,
-tokens per second, and all-reduce calls per step.
+the exposed overhead (median over rounds of the step minus the compute-only step of the same
+round, with a 95% interval: see paired_stats.py), its share of the step, tokens per second,
+and all-reduce calls per step.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from cs336_systems.flat_ddp import FlatDDP
 from cs336_systems.model import TransformerLM, model_config
 from cs336_systems.naive_ddp import NaiveDDP
 from cs336_systems.overlap_ddp import DDPIndividualParameters
+from cs336_systems.paired_stats import paired_median
 from cs336_systems.process_group import RankContext, run_ranks
 
 COMPUTE_ONLY = "compute-only"
@@ -209,11 +211,17 @@ def _timed_step(
 def _torch_ddp_bucket_count(model: nn.Module) -> int | None:
     """Buckets torch's DDP reduces per step (one all-reduce each), from its logging data.
 
+    At construction torch's DDP may put every parameter in one bucket and rebuild the buckets
+    in gradient-ready order after the first backward (``bucket_cap_mb`` applies from then on),
+    so the rebuilt layout, where there is one, is the one each timed step uses.
     ``_get_ddp_logging_data`` is private; if a torch version lacks it, report nothing.
     """
     try:
-        sizes = model._get_ddp_logging_data()["bucket_sizes"]
-    except (AttributeError, KeyError, RuntimeError):
+        data = model._get_ddp_logging_data()
+    except (AttributeError, RuntimeError):
+        return None
+    sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+    if not sizes:
         return None
     return len(str(sizes).split(","))
 
@@ -284,15 +292,19 @@ def _benchmark_rank(ctx: RankContext, setting: StepBenchmarkSetting) -> dict:
 
 
 def summarize(raw_records: list[dict], setting: StepBenchmarkSetting) -> list[dict]:
-    """Medians, spreads and the derived figures, one record per variant."""
-    floor = statistics.median(next(r for r in raw_records if r["variant"] == COMPUTE_ONLY)["step_times_s"])
+    """Medians, spreads and the derived figures, one record per variant.
+
+    The exposed overhead is paired round by round with the compute-only step (see
+    paired_stats.py): step ``i`` of every variant ran in the same round.
+    """
+    floor_times = next(r for r in raw_records if r["variant"] == COMPUTE_ONLY)["step_times_s"]
     tokens_per_step = setting.global_batch * setting.context_length
     out = []
     for raw in raw_records:
         steps = sorted(raw["step_times_s"])
         median_step = statistics.median(steps)
         syncs = raw["sync_times_s"]
-        exposed = median_step - floor
+        exposed, interval = paired_median(raw["step_times_s"], floor_times)
         out.append(
             {
                 **raw,
@@ -304,6 +316,7 @@ def summarize(raw_records: list[dict], setting: StepBenchmarkSetting) -> list[di
                 "max_step_s": steps[-1],
                 "median_sync_s": statistics.median(syncs) if syncs else None,
                 "exposed_overhead_s": exposed,
+                "exposed_overhead_ci95_s": list(interval) if interval else None,
                 "exposed_share": exposed / median_step,
                 "tokens_per_s": tokens_per_step / median_step,
                 "steps_timed": len(steps),

@@ -35,9 +35,14 @@ def fit_latency_bandwidth(
     """Least-squares fit of ``seconds = o + payload_bytes / w``; returns ``(o_s, w_bytes_per_s, r2)``.
 
     A straight line in the payload: intercept ``o`` (the per-call cost) and slope ``1 / w``.
-    ``r2`` is the coefficient of determination of the fit on ``seconds`` (1 for a perfect fit).
-    The intercept is reported as fitted, so it can come out negative when the per-call cost is
-    below what the data can resolve; callers decide what to do with that.
+    The residuals are taken relative to each measured time, i.e. ``sum(((t - o - x/w) / t)^2)``
+    is minimised. Benchmark payloads are spaced by decades (1 MB ... 1 GB): with plain residuals
+    the largest payload's run-to-run noise (tens of ms) swamps the per-call cost (about a ms),
+    and the intercept comes out at the mercy of that noise, even negative. Relative residuals
+    give every payload the same say, which is what the measurement noise looks like (a few
+    percent of each time). ``r2`` is the coefficient of determination on ``seconds`` (1 for a
+    perfect fit). The intercept is reported as fitted, so it can still come out negative when
+    the per-call cost is below what the data can resolve; callers decide what to do with that.
     """
     x = np.asarray(payload_bytes, dtype=np.float64)
     y = np.asarray(seconds, dtype=np.float64)
@@ -45,8 +50,10 @@ def fit_latency_bandwidth(
         raise ValueError(f"need two 1-d sequences of equal length, got shapes {x.shape} and {y.shape}")
     if len(np.unique(x)) < 2:
         raise ValueError(f"a line needs at least two distinct payload sizes, got {sorted(set(x.tolist()))}")
+    if not np.all(y > 0):
+        raise ValueError(f"times must be > 0 seconds, got {y.tolist()}")
     design = np.stack([np.ones_like(x), x], axis=1)
-    (intercept, slope), *_ = np.linalg.lstsq(design, y, rcond=None)
+    (intercept, slope), *_ = np.linalg.lstsq(design / y[:, None], np.ones_like(y), rcond=None)
     if slope <= 0:
         raise ValueError(
             f"time does not grow with payload (fitted slope {slope:.3g} s/byte): no bandwidth to fit"

@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from cs336_systems.paired_stats import paired_median
 from cs336_systems.writeup import fmt
 from cs336_systems.writeup.allreduce_section import run_heading
 from cs336_systems.writeup.analysis import Record, by_variant
@@ -63,7 +64,7 @@ LEVERS_TEXT = """Our `BucketedDDP` has levers beyond the handout, each on by def
 - **bf16 communication** (`comm_dtype=torch.bfloat16`, off by default): gradients are all-reduced in bfloat16, half the bytes; this changes the numbers, so `tests/test_ddp_equivalence.py` checks it against float32 bucketing within bfloat16's rounding rather than exactly.
 - **automatic bucket size** (`bucket_size_mb="auto"`): the size $\\sqrt{s\\,w\\,o}$ of the overhead model (section above), with $o$ and $w$ fitted to all-reduces this job times at start-up (`cs336_systems/bucket_autotune.py`).
 
-Every variant ran in the same interleaved run as the compute-only step, so each exposed overhead (median step minus median compute-only step) is a difference of two medians of the same run."""
+Every variant ran once per round, all in the same interleaved run, so step $i$ of each variant and of the compute-only step ran seconds apart under the same machine load. Each exposed overhead is the median over rounds of (the variant's step − the compute-only step of the same round), and each comparison of two variants is the median of their per-round differences, judged against its 95% interval (distribution-free, from the sign test; `cs336_systems/paired_stats.py`): a difference whose interval contains zero is called *within noise*."""
 
 
 def _cap_mb(r: Record) -> str:
@@ -85,27 +86,36 @@ def _ablation_table(records: list[Record], torch_exposed: float | None) -> str:
              _cap_mb(r) if r["variant"].startswith("bucketed-") else "–",
              fmt.ms(r["median_step_s"]), f"{fmt.ms(r['min_step_s'])}–{fmt.ms(r['max_step_s'])}",
              fmt.ms(r["exposed_overhead_s"]),
+             "–" if r["variant"] == COMPUTE_ONLY else fmt.ms_interval(r.get("exposed_overhead_ci95_s")),
              "–" if r["variant"] == COMPUTE_ONLY else _ratio_to(r["exposed_overhead_s"], torch_exposed)]
             for r in records]
     return fmt.table(["variant", "what it is", "buckets", "bucket cap (MB)", "median step (ms)", "min–max (ms)",
-                      "exposed overhead (ms)", "exposed overhead / torch DDP's"], rows, align="llrrrrrr")
+                      "exposed overhead (ms)", "its 95% interval (ms)", "exposed overhead / torch DDP's"], rows,
+                     align="llrrrrrrr")
 
 
-def _noise_word(difference_s: float, noise_s: float | None) -> str:
-    """Whether a difference of two medians stands out from the compute-only step's spread."""
-    if noise_s is None:
-        return "no spread to judge it by"
-    return "within noise" if abs(difference_s) < noise_s else "beyond the noise"
+def _paired_difference(a: Record, b: Record) -> tuple[float, str]:
+    """(median over rounds of a's step − b's step, whether that stands out from the noise)."""
+    difference, interval = paired_median(a["step_times_s"], b["step_times_s"])
+    if interval is None:
+        return difference, f"too few rounds ({len(a['step_times_s'])}) for a 95% interval"
+    lo, hi = interval
+    word = "beyond the noise" if lo > 0 or hi < 0 else "within noise"
+    return difference, f"{word}: 95% interval {fmt.ms(lo)} to {fmt.ms(hi)} ms"
 
 
-def _goal_sentence(variant: Record, limit: float, torch: Record, noise_s: float | None) -> str:
+def _signed_ms(seconds: float) -> str:
+    return ("+" if seconds >= 0 else "") + fmt.ms(seconds)
+
+
+def _goal_sentence(variant: Record, limit: float, torch: Record) -> str:
     exposed, reference = variant["exposed_overhead_s"], torch["exposed_overhead_s"]
     ratio = exposed / reference
     verdict = "holds" if ratio <= limit else "does not hold"
-    difference = exposed - reference
+    difference, noise = _paired_difference(variant, torch)
     return (f"{variant['variant']}'s exposed overhead ≤ {limit:g}× torch DDP's: **{verdict}** in this run "
-            f"({fmt.ratio(ratio)}: {fmt.ms(exposed)} against {fmt.ms(reference)} ms; the difference, "
-            f"{fmt.ms(difference)} ms, is {_noise_word(difference, noise_s)}).")
+            f"({fmt.ratio(ratio)}: {fmt.ms(exposed)} against {fmt.ms(reference)} ms); its step minus torch DDP's, "
+            f"round by round, is {_signed_ms(difference)} ms ({noise}).")
 
 
 def _ablation_discussion(records: list[Record]) -> str:
@@ -113,14 +123,9 @@ def _ablation_discussion(records: list[Record]) -> str:
     floor, torch = v.get(COMPUTE_ONLY), v.get(TORCH_DDP)
     if floor is None:
         return "This run has no compute-only record, so no overhead can be judged."
-    noise_s = floor["max_step_s"] - floor["min_step_s"] if floor.get("steps_timed", 0) >= 2 else None
-    if noise_s is None:
-        out = [f"The compute-only step was timed {floor.get('steps_timed', 0)} time(s), so this run gives no spread "
-               "to judge noise by: treat every difference below as unconfirmed."]
-    else:
-        out = [f"Noise: the compute-only step's own spread over its {floor['steps_timed']} timed steps is "
-               f"{fmt.ms(noise_s)} ms (max − min); a difference between two variants' exposed overheads smaller "
-               "than that is called *within noise* below."]
+    out = [f"Noise: the compute-only step alone ranges over {fmt.ms(floor['max_step_s'] - floor['min_step_s'])} ms "
+           f"(max − min of its {floor['steps_timed']} timed steps), mostly load that drifts from round to round "
+           "and hits every variant of a round alike; the per-round differences below cancel that part."]
     bucketed = [r for r in records if r["variant"].startswith("bucketed-")]
     comparable = torch is not None and torch["exposed_overhead_s"] > 0
     if torch is None:
@@ -131,7 +136,7 @@ def _ablation_discussion(records: list[Record]) -> str:
                    "cannot be judged in this run.")
     else:
         for name, limit in GOALS:
-            out.append(_goal_sentence(v[name], limit, torch, noise_s) if name in v
+            out.append(_goal_sentence(v[name], limit, torch) if name in v
                        else f"The goal for {name} (≤ {limit:g}× torch DDP's) cannot be judged: no record of it.")
     if bucketed:
         best = min(bucketed, key=lambda r: r["exposed_overhead_s"])
@@ -144,24 +149,27 @@ def _ablation_discussion(records: list[Record]) -> str:
     if default is not None and levers:
         parts = []
         for lever, off in levers:
-            difference = off["exposed_overhead_s"] - default["exposed_overhead_s"]
-            sign = "+" if difference >= 0 else "−"
-            parts.append(f"{lever} off ({off['variant']}): {sign}{fmt.ms(abs(difference))} ms, "
-                         f"{_noise_word(difference, noise_s)}")
-        out.append(f"Exposed overhead with one lever off, minus {DEFAULT_BUCKETED}'s "
-                   f"({fmt.ms(default['exposed_overhead_s'])} ms): " + "; ".join(parts) + ".")
+            difference, noise = _paired_difference(off, default)
+            parts.append(f"{lever} off ({off['variant']}): {_signed_ms(difference)} ms ({noise})")
+        out.append(f"Step with one lever off minus {DEFAULT_BUCKETED}'s step, round by round (a positive "
+                   "difference means the lever helps): " + "; ".join(parts) + ".")
     bf16 = v.get("bucketed-25MB-bf16")
     if default is not None and bf16 is not None:
-        difference = bf16["exposed_overhead_s"] - default["exposed_overhead_s"]
-        word = "higher" if difference >= 0 else "lower"
-        out.append(f"bfloat16 communication moves half the bytes; its exposed overhead is {fmt.ms(abs(difference))} "
-                   f"ms {word} than float32's ({_noise_word(difference, noise_s)}), and its gradients differ from "
-                   "float32's in the last bits, so it is an option, not the default.")
+        difference, noise = _paired_difference(bf16, default)
+        word = "longer" if difference >= 0 else "shorter"
+        out.append(f"bfloat16 communication moves half the bytes; its step is {fmt.ms(abs(difference))} ms {word} "
+                   f"than float32's, round by round ({noise}), and its gradients differ from float32's in the last "
+                   "bits, so it is an option, not the default.")
     return "\n".join(f"- {line}" for line in out)
 
 
-def exposed_overhead_figure(records: Sequence[Record], noise_s: float | None, title: str, path: Path) -> Path:
-    """Exposed overhead per variant (bars), torch DDP's as a reference line with a band of ± the noise."""
+def _interval_ms(r: Record) -> tuple[float, float] | None:
+    interval = r.get("exposed_overhead_ci95_s")
+    return (interval[0] * 1e3, interval[1] * 1e3) if interval else None
+
+
+def exposed_overhead_figure(records: Sequence[Record], title: str, path: Path) -> Path:
+    """Exposed overhead per variant (bars with 95% intervals), torch DDP's as a reference line and band."""
     shown = [r for r in records if r["variant"] not in (COMPUTE_ONLY, TORCH_DDP)]
     torch = next((r for r in records if r["variant"] == TORCH_DDP), None)
     height = 0.42 * len(shown) + 1.9
@@ -170,14 +178,18 @@ def exposed_overhead_figure(records: Sequence[Record], noise_s: float | None, ti
     ax = fig.subplots()
     y = np.arange(len(shown))[::-1]
     values = np.array([r["exposed_overhead_s"] for r in shown]) * 1e3
-    ax.barh(y, values, color="tab:blue", alpha=0.7,
-            label="exposed overhead (median step − median compute-only step)")
+    intervals = [_interval_ms(r) for r in shown]
+    errors = None
+    if all(intervals):
+        errors = np.array([[v - lo for v, (lo, _) in zip(values, intervals)],
+                           [hi - v for v, (_, hi) in zip(values, intervals)]])
+    ax.barh(y, values, xerr=errors, capsize=3, color="tab:blue", alpha=0.7,
+            label="exposed overhead (median over rounds of step − compute-only step; bars: 95% interval)")
     if torch is not None:
         t = torch["exposed_overhead_s"] * 1e3
         ax.axvline(t, color="tab:red", ls="--", label=f"torch DDP ({fmt.ms(torch['exposed_overhead_s'])} ms)")
-        if noise_s:
-            ax.axvspan(t - noise_s * 1e3, t + noise_s * 1e3, color="tab:red", alpha=0.12,
-                       label="torch DDP ± compute-only spread")
+        if _interval_ms(torch):
+            ax.axvspan(*_interval_ms(torch), color="tab:red", alpha=0.12, label="torch DDP's 95% interval")
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(y, [r["variant"] for r in shown])
     ax.set(xlabel="exposed overhead per step (ms)", title=title)
@@ -193,10 +205,7 @@ def ablation_section(ctx: RenderContext) -> Section:
         records = results.records
         v = by_variant(records)
         torch = v.get(TORCH_DDP)
-        floor = v.get(COMPUTE_ONLY)
-        noise_s = (floor["max_step_s"] - floor["min_step_s"]
-                   if floor is not None and floor.get("steps_timed", 0) >= 2 else None)
-        path = exposed_overhead_figure(records, noise_s, f"exposed overhead per variant on {machine.tag}",
+        path = exposed_overhead_figure(records, f"exposed overhead per variant on {machine.tag}",
                                        ctx.figure_path(f"{machine.tag}_{results.name}_exposed_overhead.png"))
         figures.append(path)
         out += ["", run_heading(machine, results, ABLATION), "", ddp_setting_line(results), "",

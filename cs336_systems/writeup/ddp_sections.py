@@ -46,7 +46,8 @@ def ddp_setting_line(results: ResultsFile) -> str:
 
 
 VARIANT_HEADERS = ["variant", "buckets", "all-reduce calls / step", "median step (ms)", "min–max (ms)",
-                   "sync after backward (ms)", "sync share of step", "exposed overhead (ms)", "tokens/s"]
+                   "sync after backward (ms)", "sync share of step", "exposed overhead (ms)",
+                   "its 95% interval (ms)", "tokens/s"]
 
 
 def variant_row(r: Record) -> list:
@@ -67,6 +68,7 @@ def variant_row(r: Record) -> list:
         sync_cell,
         share_cell,
         fmt.ms(r["exposed_overhead_s"]),
+        "–" if r["variant"] == COMPUTE_ONLY else fmt.ms_interval(r.get("exposed_overhead_ci95_s")),
         fmt.sig(r["tokens_per_s"]),
     ]
 
@@ -161,8 +163,8 @@ def naive_benchmarking_section(ctx: RenderContext) -> Section:
             f"{fmt.ratio(naive['median_step_s'] / floor['median_step_s'])} the compute-only step "
             f"({fmt.ms(floor['median_step_s'])} ms). In the median step {fmt.pct(comm_share(naive))} of the time "
             f"goes to its {naive.get('allreduce_calls_per_step', 0):g} all-reduces after backward "
-            f"({fmt.ms(naive['median_sync_s'])} ms, median); the exposed overhead, step time minus compute-only "
-            f"step time, is {fmt.ms(naive['exposed_overhead_s'])} ms ({fmt.pct(naive['exposed_share'])} of the step)."
+            f"({fmt.ms(naive['median_sync_s'])} ms, median); the exposed overhead (per round, step time minus "
+            f"compute-only step time; median over rounds) is {fmt.ms(naive['exposed_overhead_s'])} ms ({fmt.pct(naive['exposed_share'])} of the step)."
         )
         return f"{table}\n\n{text}", []
 

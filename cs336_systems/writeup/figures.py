@@ -97,7 +97,7 @@ def bucket_sweep_figure(sweep: Sequence[Record], references: dict[str, Record], 
     ax_step.set(xscale="log", xlabel="bucket size (MB)", ylabel="median step time (ms)",
                 title="step time (bars: min–max)")
     ax_exposed.set(xscale="log", xlabel="bucket size (MB)", ylabel="exposed overhead (ms)",
-                   title="step time minus compute-only step time")
+                   title="step minus compute-only step (median over rounds)")
     for ax in (ax_step, ax_exposed):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)

@@ -42,6 +42,11 @@ def ms(seconds: float | None, digits: int = 3) -> str:
     return sig(None if seconds is None else seconds * 1e3, digits)
 
 
+def ms_interval(interval_s: Sequence[float] | None) -> str:
+    """A (low, high) interval in seconds shown in milliseconds; "–" when there is none."""
+    return "–" if not interval_s else f"{ms(interval_s[0])} to {ms(interval_s[1])}"
+
+
 def us(seconds: float | None, digits: int = 3) -> str:
     """Seconds shown in microseconds."""
     return sig(None if seconds is None else seconds * 1e6, digits)

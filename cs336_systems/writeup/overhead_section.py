@@ -121,7 +121,10 @@ def _machine_fits(machine: MachineResults) -> dict[CommGroup, LinkFit | str]:
 def _fit_part(ctx: RenderContext) -> list[str]:
     out = ["### Fitting $o$ and $w$ to the all-reduce benchmark", "",
            "Least squares on median time $= o + \\text{bytes}/w$ over the measured payloads of each backend and "
-           "world size. $w$ is bytes of payload per second of one all-reduce (like algbw, not busbw)."]
+           "world size, each residual taken relative to its measured time: the payloads span decades, and with "
+           "plain residuals the largest payload's run-to-run noise would swamp a per-call cost of about a "
+           "millisecond (`cs336_systems/overhead_model.py`). $w$ is bytes of payload per second of one all-reduce "
+           "(like algbw, not busbw)."]
     for machine, results in ctx.inputs.runs("allreduce"):
         groups = comm_groups(results.records)
         fits = {g: fit_group(rs) for g, rs in groups.items()}
@@ -208,8 +211,8 @@ def _discussion(p: OverheadPrediction, results: ResultsFile) -> str:
         )
     reasons.append(
         "The model also leaves out copying gradients into each bucket's buffer and back (a pass over all $s$ "
-        "bytes per step, whatever $n_b$), the per-parameter hook work, and the noise of subtracting two "
-        "measured medians (step minus compute-only step)."
+        "bytes per step, whatever $n_b$), the per-parameter hook work, and the noise left in the measured "
+        "overhead (a median of per-round differences, step minus compute-only step: see its 95% interval)."
     )
     return " ".join(sentences) + "\n\n" + "\n".join(f"- {r}" for r in reasons)
 

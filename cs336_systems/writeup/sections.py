@@ -55,8 +55,9 @@ def intro_section(ctx: RenderContext) -> Section:
         "",
         "Units: MB = 2^20 bytes; GB/s = 10^9 bytes per second (nccl-tests' unit); "
         "algbw = payload bytes / time, busbw = algbw · 2(n−1)/n for an all-reduce over n ranks. "
-        "A step's *exposed overhead* is its median time minus the median time of the same step with no "
-        "communication (compute-only).",
+        "A step's *exposed overhead* is the median, over the interleaved rounds of one run, of its time minus "
+        "the time of the same round's step with no communication (compute-only); its 95% interval is the "
+        "sign-test interval of that median (`cs336_systems/paired_stats.py`).",
     ]
     if machines:
         rows = []

@@ -1,0 +1,58 @@
+"""Comparing two variants timed in the same interleaved run, round by round.
+
+The DDP step benchmark runs every variant once per round, one round after another, so step
+``i`` of one variant and step ``i`` of another ran seconds apart, under the same machine load.
+On a shared 2-core machine the load drifts by far more than the differences we look for (the
+compute-only step alone can range over hundreds of ms), so a difference of two medians taken
+over all rounds mixes the drift in. The difference *within* each round cancels most of it:
+we report the median of the per-round differences, and judge it against a distribution-free
+confidence interval for that median (the sign-test interval: order statistics chosen from the
+binomial distribution, e.g. Conover, *Practical Nonparametric Statistics*, 3rd ed., sec. 3.2),
+which assumes nothing about the shape of the noise, only that rounds are independent.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Sequence
+
+
+def paired_differences(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """``a[i] - b[i]`` for each round ``i``; both must come from the same rounds."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples need equal lengths (one per round), got {len(a)} and {len(b)}")
+    return [x - y for x, y in zip(a, b)]
+
+
+def _binomial_cdf_half(k: int, n: int) -> float:
+    """P(X <= k) for X ~ Binomial(n, 1/2)."""
+    return sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """A confidence interval for the median of ``values``, or None if too few for that confidence.
+
+    The interval is ``[x_(k), x_(n-k+1)]`` of the sorted values, with ``k`` the largest order
+    such that ``P(Binomial(n, 1/2) <= k - 1) <= (1 - confidence) / 2``: it covers the median
+    with probability at least ``confidence`` whatever the distribution. At 95% it needs n >= 6.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    n = len(values)
+    tail = (1 - confidence) / 2
+    k = 0
+    while k < n // 2 and _binomial_cdf_half(k, n) <= tail:
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[k - 1], ordered[n - k]
+
+
+def paired_median(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> tuple[float, tuple[float, float] | None]:
+    """(median of ``a[i] - b[i]``, its confidence interval or None)."""
+    differences = paired_differences(a, b)
+    if not differences:
+        raise ValueError("no rounds to compare")
+    return statistics.median(differences), median_interval(differences, confidence)
