@@ -7,9 +7,11 @@ gradient synchronisation, AdamW step) for each variant:
 * ``naive``, ``flat``, ``per-parameter``, ``bucketed-<N>MB``: this repo's wrappers;
 * ``torch-ddp``: ``torch.nn.parallel.DistributedDataParallel`` at its defaults.
 
-All variants wrap the *same* module and optimizer, and run interleaved round by round
-(round r: a few steps of each variant in turn), so that drift of a noisy machine (thermal,
-other tenants) hits all alike. Each step starts after a barrier; its time is the slowest
+All variants wrap the *same* module and optimizer, are built once and warmed up once (as a
+training job builds its wrapper once), and then run interleaved round by round (round r: a
+few steps of each variant in turn, the order rotated by one variant each round so that no
+variant always follows the same one), so that drift of a noisy machine (thermal, other
+tenants) hits all alike. Each step starts after a barrier; its time is the slowest
 rank's. Per variant we report the median step time, the time inside gradient
 synchronisation (naive/flat: the all-reduce phase after backward; overlapped variants: the
 wait in ``finish_gradient_synchronization``; torch DDP does it inside backward, so none),
@@ -62,7 +64,7 @@ class StepBenchmarkSetting:
     variants: tuple[str, ...] | None = None  # explicit variant list (see parse); None: the sweep
     rounds: int = 3  # interleaved rounds
     steps_per_round: int = 3  # timed steps of each variant per round
-    warmup_steps: int = 1  # untimed steps of each variant at the start of each round
+    warmup_steps: int = 1  # untimed steps of each variant, once, before the first round
     seed: int = 0
 
     def variant_names(self) -> list[str]:
@@ -249,31 +251,35 @@ def _benchmark_rank(ctx: RankContext, setting: StepBenchmarkSetting) -> dict:
 
     names = setting.variant_names()
     measured = {name: _Measurements() for name in names}
-    # torch's DDP is built once: its reducer ignores backward passes it did not start, and
-    # rebuilding it each round would re-register its hooks. Ours are rebuilt and detached.
-    torch_ddp = _make_variant(TORCH_DDP, module, setting, ctx) if TORCH_DDP in names else None
-    for _ in range(setting.rounds):
-        for name in names:
-            variant = torch_ddp if name == TORCH_DDP else _make_variant(name, module, setting, ctx)
-            m = measured[name]
-            for _ in range(setting.warmup_steps):
-                _timed_step(variant, optimizer, tokens, targets, ctx.device)
+    # Every wrapper stays attached to the shared module for the whole run: each one's hooks act
+    # only on backward passes of its own forward (overlap_base.py), and torch's reducer ignores
+    # backward passes it did not start, so the wrappers do not see each other's steps.
+    variants = {name: _make_variant(name, module, setting, ctx) for name in names}
+    for variant in variants.values():
+        for _ in range(setting.warmup_steps):
+            _timed_step(variant, optimizer, tokens, targets, ctx.device)
+    for r in range(setting.rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            variant, m = variants[name], measured[name]
             for _ in range(setting.steps_per_round):
                 step_s, sync_s = _timed_step(variant, optimizer, tokens, targets, ctx.device)
                 m.step_times.append(step_s)
                 m.sync_times.append(sync_s)
                 if variant.wrapper is not None:
                     m.calls.append(variant.wrapper.allreduce_calls_last_step)
-            if isinstance(variant.wrapper, BucketedDDP):
-                m.n_buckets = len(variant.wrapper.buckets)
-                cap = variant.wrapper.bucket_cap_bytes
-                m.bucket_cap_bytes = cap if math.isfinite(cap) else None
-            if name == TORCH_DDP:
-                m.n_buckets = _torch_ddp_bucket_count(variant.model)
-                if m.n_buckets is not None:
-                    m.calls.append(m.n_buckets)
-            if variant.wrapper is not None:
-                variant.wrapper.detach()
+    for name, variant in variants.items():
+        m = measured[name]
+        if isinstance(variant.wrapper, BucketedDDP):
+            m.n_buckets = len(variant.wrapper.buckets)
+            cap = variant.wrapper.bucket_cap_bytes
+            m.bucket_cap_bytes = cap if math.isfinite(cap) else None
+        if name == TORCH_DDP:
+            m.n_buckets = _torch_ddp_bucket_count(variant.model)
+            if m.n_buckets is not None:
+                m.calls.append(m.n_buckets)
+        if variant.wrapper is not None:
+            variant.wrapper.detach()
     records = []
     for name in names:
         m = measured[name]

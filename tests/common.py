@@ -83,7 +83,9 @@ def _setup_process_group(rank: int, world_size: int, backend: str) -> str:
         )
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
-    if torch.cuda.is_available() and backend == "nccl":
+    # As in the public suite's helper: on a machine with GPUs every rank computes on one, with
+    # gloo too (gloo all-reduces CUDA tensors by staging them through host memory).
+    if torch.cuda.is_available():
         local_rank = rank % torch.cuda.device_count()
         torch.cuda.set_device(local_rank)
         return f"cuda:{local_rank}"

@@ -8,7 +8,7 @@ without any ``torch.distributed`` call: the independent reference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -184,3 +184,26 @@ def run_ddp_cases(ctx: RankContext, cases: list[Case]) -> dict[str, dict]:
     """Rank function: run every case on this rank. A case that raises fails the whole group
     (its peers may be blocked in a collective, so going on to the next case is unsafe)."""
     return {case.name: _run_ddp_case(ctx, case) for case in cases}
+
+
+SHARED_MODULE_WRAPPERS = ("naive", "flat", "individual", "bucketed")
+
+
+def run_wrappers_sharing_one_module(ctx: RankContext, case: Case) -> list[dict[str, torch.Tensor]]:
+    """Rank function: one module wrapped by every variant at once (as the step benchmark does),
+    step ``i`` trained through wrapper ``i mod 4``; the parameters after every step."""
+    module = build_model(case, ctx.rank)
+    wrappers = [wrap(replace(case, variant=v), module) for v in SHARED_MODULE_WRAPPERS]
+    optimizer = make_optimizer(case.optimizer, module.parameters())
+    shard = BATCH // ctx.world_size
+    rows = slice(ctx.rank * shard, (ctx.rank + 1) * shard)
+    history = []
+    for step in range(case.steps):
+        ddp = wrappers[step % len(wrappers)]
+        optimizer.zero_grad(set_to_none=case.set_to_none)
+        x, y = batch(case, step, 0)
+        F.mse_loss(ddp(x[rows]), y[rows]).backward()
+        ddp.finish_gradient_synchronization()
+        optimizer.step()
+        history.append(snapshot(module))
+    return history

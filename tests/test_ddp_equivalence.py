@@ -160,3 +160,22 @@ def test_collective_counts_of_non_overlapped_variants():
     # EdgeCaseModel's never_used layer (2 parameters) has no gradient on any rank.
     assert results["naive-edge-sgd"]["calls"] == [1 + n_params - 2] * 3
     assert results["flat-edge-sgd"]["calls"] == [kinds] * 3
+
+
+@pytest.mark.problem("beyond")
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["set-to-none", "zero-in-place"])
+def test_wrappers_sharing_one_module_do_not_see_each_others_steps(set_to_none: bool):
+    """The step benchmark keeps every wrapper attached to one module and alternates between
+    them: a wrapper must act only on backward passes of its own forward, or gradients would be
+    reduced twice (or left in another wrapper's bucket views). Trained that way, the module
+    still matches single-process training at every step."""
+    from tests.ddp_cases import SHARED_MODULE_WRAPPERS, run_wrappers_sharing_one_module
+
+    case = Case("shared", "bucketed", "edge", "adamw", BUCKET_SIZES["few"], steps=2 * len(SHARED_MODULE_WRAPPERS),
+                set_to_none=set_to_none)
+    reference = run_single_process(case)
+    for history in launch(run_wrappers_sharing_one_module, 2, args=(case,), timeout_s=120):
+        for step, (got, want) in enumerate(zip(history, reference)):
+            for name in want:
+                assert torch.allclose(got[name], want[name], atol=case.atol, rtol=1e-4), (step, name)
