@@ -71,9 +71,9 @@ def cpu_suite(out: str) -> list[BenchStep]:
                    "--sizes-mb", "1", "10", "100", "1000", "--budget-s", "240"),
         # Many short rounds: this machine is noisy, interleaving finely spreads drift evenly, and
         # each round gives one paired difference per variant; the 95% interval of their median
-        # narrows from min..max at 8 rounds to the 3rd..10th of 12 and the 4th..13th of 16.
-        ddp=(*CPU_DDP, "--rounds", "12", "--steps-per-round", "1", "--bucket-sizes-mb", "1", "10", "100", "1000"),
-        ablation=(*CPU_DDP, "--rounds", "16", "--steps-per-round", "1"),
+        # narrows from min..max at 8 rounds to the 4th..13th of 16 and the 10th..23rd of 32.
+        ddp=(*CPU_DDP, "--rounds", "16", "--steps-per-round", "1", "--bucket-sizes-mb", "1", "10", "100", "1000"),
+        ablation=(*CPU_DDP, "--rounds", "32", "--steps-per-round", "1"),
         profile=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
         sharded=("--model-size", "cpu-small", "--context-length", "128", "--batch-per-rank", "2"),
         naive_steps=10,
