@@ -297,6 +297,14 @@ def bucketed_benchmarking_section(ctx: RenderContext) -> Section:
             parts = [fmt.relative(best["median_step_s"], r["variant"], r["median_step_s"]) for r in others]
             listed = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
             sentences.append(f"That step is {listed}.")
+        lowest = min(sweep, key=lambda r: r["exposed_overhead_s"])
+        interval = lowest.get("exposed_overhead_ci95_s")
+        sentences.append(
+            f"By exposed overhead, which pairs each step with the compute-only step of its own round and so "
+            f"leaves out most of the machine's drift, the lowest is {fmt.size_mb(lowest['bucket_size_mb'])} MB's, "
+            f"{fmt.ms(lowest['exposed_overhead_s'])} ms"
+            + (f" (95% interval {fmt.ms_interval(interval)} ms)." if interval else ".")
+        )
         text = "\n".join([sweep_table, "", "Other variants of the same run, for reference:", "",
                           variant_table(references), "", ctx.image(path, f"bucket sweep on {machine.tag}"), "",
                           " ".join(sentences)])
