@@ -115,12 +115,15 @@ def gpu_suite(out: str, gpu_count: int) -> list[BenchStep]:
         )
     world_sizes = [str(n) for n in (2, 4, 6) if n <= gpu_count]
     xl = ("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--global-batch", "16", "--world-size", "2")
+    # xl's float32 gradients are several GB: every wrapper alive at once, each with its own
+    # buffers, would not fit beside the model and AdamW's state, so they take turns.
+    xl_step = (*xl, "--rebuild-each-round")
     return _steps_for(
         out,
         allreduce=("--backend", "nccl", "--device", "cuda", "--world-sizes", *world_sizes,
                    "--sizes-mb", "1", "10", "100", "1000"),
-        ddp=(*xl, "--rounds", "3", "--steps-per-round", "3", "--bucket-sizes-mb", "1", "10", "100", "1000"),
-        ablation=(*xl, "--rounds", "3", "--steps-per-round", "3"),
+        ddp=(*xl_step, "--rounds", "3", "--steps-per-round", "3", "--bucket-sizes-mb", "1", "10", "100", "1000"),
+        ablation=(*xl_step, "--rounds", "3", "--steps-per-round", "3"),
         profile=("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--global-batch", "16"),
         sharded=("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--batch-per-rank", "4"),
         naive_steps=10,

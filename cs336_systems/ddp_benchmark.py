@@ -8,7 +8,9 @@ gradient synchronisation, AdamW step) for each variant:
 * ``torch-ddp``: ``torch.nn.parallel.DistributedDataParallel`` at its defaults.
 
 All variants wrap the *same* module and optimizer, are built once and warmed up once (as a
-training job builds its wrapper once), and then run interleaved round by round (round r: a
+training job builds its wrapper once; with ``rebuild_each_round``, for models whose gradient
+buffers fit in memory only a few times over, our wrappers are instead built, warmed up and
+dropped within each round), and run interleaved round by round (round r: a
 few steps of each variant in turn, the order rotated by one variant each round so that no
 variant always follows the same one), so that drift of a noisy machine (thermal, other
 tenants) hits all alike. Each step starts after a barrier; its time is the slowest
@@ -64,7 +66,8 @@ class StepBenchmarkSetting:
     variants: tuple[str, ...] | None = None  # explicit variant list (see parse); None: the sweep
     rounds: int = 3  # interleaved rounds
     steps_per_round: int = 3  # timed steps of each variant per round
-    warmup_steps: int = 1  # untimed steps of each variant, once, before the first round
+    warmup_steps: int = 1  # untimed steps of each variant before it is first timed
+    rebuild_each_round: bool = False  # keep one of our wrappers (and its buffers) alive at a time
     seed: int = 0
 
     def variant_names(self) -> list[str]:
@@ -228,6 +231,20 @@ def _torch_ddp_bucket_count(model: nn.Module) -> int | None:
     return len(str(sizes).split(","))
 
 
+def _retire(name: str, variant: _Variant, m: _Measurements) -> None:
+    """Record a variant's bucket layout, then detach it from the shared module."""
+    if isinstance(variant.wrapper, BucketedDDP):
+        m.n_buckets = len(variant.wrapper.buckets)
+        cap = variant.wrapper.bucket_cap_bytes
+        m.bucket_cap_bytes = cap if math.isfinite(cap) else None
+    if name == TORCH_DDP:
+        m.n_buckets = _torch_ddp_bucket_count(variant.model)
+        if m.n_buckets is not None:
+            m.calls.append(m.n_buckets)
+    if variant.wrapper is not None:
+        variant.wrapper.detach()
+
+
 def _slowest_rank(times: list[float], device: torch.device) -> list[float]:
     """Per-step maximum over ranks (a step ends when its slowest rank does)."""
     local = torch.tensor(times, dtype=torch.float64, device=device)
@@ -251,35 +268,32 @@ def _benchmark_rank(ctx: RankContext, setting: StepBenchmarkSetting) -> dict:
 
     names = setting.variant_names()
     measured = {name: _Measurements() for name in names}
-    # Every wrapper stays attached to the shared module for the whole run: each one's hooks act
-    # only on backward passes of its own forward (overlap_base.py), and torch's reducer ignores
-    # backward passes it did not start, so the wrappers do not see each other's steps.
-    variants = {name: _make_variant(name, module, setting, ctx) for name in names}
-    for variant in variants.values():
+    # Wrappers stay attached to the shared module for the whole run: each one's hooks act only
+    # on backward passes of its own forward (overlap_base.py), and torch's reducer ignores
+    # backward passes it did not start, so the wrappers do not see each other's steps. Torch's
+    # DDP is always built once: rebuilding it would re-register its hooks on the module.
+    def build(name: str) -> _Variant:
+        variant = _make_variant(name, module, setting, ctx)
         for _ in range(setting.warmup_steps):
             _timed_step(variant, optimizer, tokens, targets, ctx.device)
+        return variant
+
+    rebuilt = {n for n in names if setting.rebuild_each_round and n != TORCH_DDP}
+    kept = {name: build(name) for name in names if name not in rebuilt}
     for r in range(setting.rounds):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            variant, m = variants[name], measured[name]
+            variant, m = kept[name] if name in kept else build(name), measured[name]
             for _ in range(setting.steps_per_round):
                 step_s, sync_s = _timed_step(variant, optimizer, tokens, targets, ctx.device)
                 m.step_times.append(step_s)
                 m.sync_times.append(sync_s)
                 if variant.wrapper is not None:
                     m.calls.append(variant.wrapper.allreduce_calls_last_step)
-    for name, variant in variants.items():
-        m = measured[name]
-        if isinstance(variant.wrapper, BucketedDDP):
-            m.n_buckets = len(variant.wrapper.buckets)
-            cap = variant.wrapper.bucket_cap_bytes
-            m.bucket_cap_bytes = cap if math.isfinite(cap) else None
-        if name == TORCH_DDP:
-            m.n_buckets = _torch_ddp_bucket_count(variant.model)
-            if m.n_buckets is not None:
-                m.calls.append(m.n_buckets)
-        if variant.wrapper is not None:
-            variant.wrapper.detach()
+            if name in rebuilt:
+                _retire(name, variant, m)
+    for name, variant in kept.items():
+        _retire(name, variant, measured[name])
     records = []
     for name in names:
         m = measured[name]

@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=d.rounds)
     p.add_argument("--steps-per-round", type=int, default=d.steps_per_round)
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--rebuild-each-round", action="store_true",
+                   help="build, warm up and drop our wrappers within each round, so that only one "
+                        "wrapper's gradient buffers exist at a time (large models)")
     p.add_argument("--no-torch-ddp", action="store_true", help="leave torch's DDP out")
     p.add_argument("--variants", nargs="*", default=None,
                    help="explicit variants, e.g. compute-only bucketed-25MB-copy torch-ddp")
@@ -72,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds,
         steps_per_round=args.steps_per_round,
         warmup_steps=args.warmup_steps,
+        rebuild_each_round=args.rebuild_each_round,
     )
     try:
         records, n_parameters = run_step_benchmark(setting)

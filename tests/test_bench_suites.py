@@ -29,6 +29,9 @@ def test_gpu_suite_uses_nccl_only_with_a_gpu_per_rank():
     assert "nccl" in two and "--world-sizes 2 " in two and "xl" in two
     one = " ".join(a for s in gpu_suite("OUT", 1) for a in s.args)
     assert "nccl" not in one and "--shared-gpu" in one
+    # xl's wrappers take turns in GPU memory; the CPU model's all stay built.
+    assert two.count("--rebuild-each-round") == 2 and "--rebuild-each-round" not in " ".join(
+        a for s in cpu_suite("OUT") for a in s.args)
     six = [s for s in gpu_suite("OUT", 6) if s.name == "all-reduce grid"][0]
     assert six.args[six.args.index("--world-sizes") + 1 : six.args.index("--world-sizes") + 4] == ("2", "4", "6")
     with pytest.raises(ValueError, match="no CUDA GPU"):

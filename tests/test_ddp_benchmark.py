@@ -87,3 +87,20 @@ def test_bucket_sizes_give_bucket_counts(tmp_path_factory):
     assert small["allreduce_calls_per_step"] == small["n_buckets"]
     assert by_variant["torch-ddp"]["allreduce_calls_per_step"] >= 1
 
+
+
+@pytest.mark.problem("ddp_bucketed_benchmarking")
+def test_rebuilding_wrappers_each_round_times_the_same_variants(tmp_path):
+    """The large-model mode (one of our wrappers alive at a time) gives the same record shape:
+    every round times every variant, and the bucket layout is still reported."""
+    from scripts.bench_ddp import main
+
+    out = tmp_path / "ddp_step.json"
+    args = ["--model-size", "tiny", "--context-length", "16", "--global-batch", "4", "--rounds", "3",
+            "--steps-per-round", "1", "--bucket-sizes-mb", "0.05", "--rebuild-each-round", "--out", str(out)]
+    assert main(args) == 0
+    data = json.loads(out.read_text())
+    assert data["meta"]["setting"]["rebuild_each_round"] is True
+    by_variant = {r["variant"]: r for r in data["records"]}
+    assert all(len(r["step_times_s"]) == 3 for r in data["records"])
+    assert by_variant["bucketed-0.05MB"]["allreduce_calls_per_step"] == by_variant["bucketed-0.05MB"]["n_buckets"] > 1
