@@ -50,7 +50,9 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[
     return ordered[k - 1], ordered[n - k]
 
 
-def paired_median(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> tuple[float, tuple[float, float] | None]:
+def paired_median(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95
+) -> tuple[float, tuple[float, float] | None]:
     """(median of ``a[i] - b[i]``, its confidence interval or None)."""
     differences = paired_differences(a, b)
     if not differences:

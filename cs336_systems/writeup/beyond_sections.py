@@ -21,7 +21,7 @@ from cs336_systems.writeup.analysis import Record, by_variant
 from cs336_systems.writeup.context import RenderContext, Section
 from cs336_systems.writeup.coverage import ddp_run_setting, not_measured_notes
 from cs336_systems.writeup.ddp_sections import COMPUTE_ONLY, TORCH_DDP, ddp_setting_line
-from cs336_systems.writeup.figures import save
+from cs336_systems.writeup.figures import error_bars, save
 from cs336_systems.writeup.load import ResultsFile
 
 MB = 2**20
@@ -179,17 +179,16 @@ def exposed_overhead_figure(records: Sequence[Record], title: str, path: Path) -
     y = np.arange(len(shown))[::-1]
     values = np.array([r["exposed_overhead_s"] for r in shown]) * 1e3
     intervals = [_interval_ms(r) for r in shown]
-    errors = None
-    if all(intervals):
-        errors = np.array([[v - lo for v, (lo, _) in zip(values, intervals)],
-                           [hi - v for v, (_, hi) in zip(values, intervals)]])
+    errors = (error_bars(values, np.array([lo for lo, _ in intervals]), np.array([hi for _, hi in intervals]))
+              if all(intervals) else None)
     ax.barh(y, values, xerr=errors, capsize=3, color="tab:blue", alpha=0.7,
             label="exposed overhead (median over rounds of step − compute-only step; bars: 95% interval)")
     if torch is not None:
         t = torch["exposed_overhead_s"] * 1e3
         ax.axvline(t, color="tab:red", ls="--", label=f"torch DDP ({fmt.ms(torch['exposed_overhead_s'])} ms)")
-        if _interval_ms(torch):
-            ax.axvspan(*_interval_ms(torch), color="tab:red", alpha=0.12, label="torch DDP's 95% interval")
+        torch_interval = _interval_ms(torch)
+        if torch_interval:
+            ax.axvspan(*torch_interval, color="tab:red", alpha=0.12, label="torch DDP's 95% interval")
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(y, [r["variant"] for r in shown])
     ax.set(xlabel="exposed overhead per step (ms)", title=title)

@@ -164,7 +164,8 @@ def naive_benchmarking_section(ctx: RenderContext) -> Section:
             f"({fmt.ms(floor['median_step_s'])} ms). In the median step {fmt.pct(comm_share(naive))} of the time "
             f"goes to its {naive.get('allreduce_calls_per_step', 0):g} all-reduces after backward "
             f"({fmt.ms(naive['median_sync_s'])} ms, median); the exposed overhead (per round, step time minus "
-            f"compute-only step time; median over rounds) is {fmt.ms(naive['exposed_overhead_s'])} ms ({fmt.pct(naive['exposed_share'])} of the step)."
+            f"compute-only step time; median over rounds) is {fmt.ms(naive['exposed_overhead_s'])} ms "
+            f"({fmt.pct(naive['exposed_share'])} of the step)."
         )
         return f"{table}\n\n{text}", []
 

@@ -20,7 +20,7 @@ WIDE = (10.0, 4.0)  # inches: two panels side by side
 TWO_PANELS = dict(left=0.07, right=0.98, bottom=0.13, top=0.85, wspace=0.25)
 
 
-def _spread(median: np.ndarray, low: np.ndarray, high: np.ndarray) -> list[np.ndarray]:
+def error_bars(median: np.ndarray, low: np.ndarray, high: np.ndarray) -> list[np.ndarray]:
     """Error bar lengths below and above the median (clipped at 0 should a record disagree)."""
     return [np.clip(median - low, 0, None), np.clip(high - median, 0, None)]
 
@@ -41,7 +41,7 @@ def allreduce_figure(groups: dict[CommGroup, list[Record]], title: str, path: Pa
     for group, records in groups.items():
         x = np.array([r["payload_bytes"] for r in records]) / MB
         median = np.array([r["median_s"] for r in records]) * 1e3
-        spread = _spread(median, np.array([r["p10_s"] for r in records]) * 1e3,
+        spread = error_bars(median, np.array([r["p10_s"] for r in records]) * 1e3,
                          np.array([r["p90_s"] for r in records]) * 1e3)
         style = "--" if group.shared_gpu else "-"
         line = ax_time.errorbar(x, median, yerr=spread, fmt="o" + style, capsize=3, label=group.label)
@@ -61,7 +61,7 @@ def step_time_figure(records: Sequence[Record], title: str, path: Path) -> Path:
     """Median step time per variant (bars, min–max whiskers), the synchronisation phase shaded."""
     names = [r["variant"] for r in records]
     median = np.array([r["median_step_s"] for r in records]) * 1e3
-    spread = _spread(median, np.array([r["min_step_s"] for r in records]) * 1e3,
+    spread = error_bars(median, np.array([r["min_step_s"] for r in records]) * 1e3,
                      np.array([r["max_step_s"] for r in records]) * 1e3)
     sync = np.array([r["median_sync_s"] or 0.0 for r in records]) * 1e3
     height = 0.45 * len(records) + 1.8
@@ -85,12 +85,12 @@ def bucket_sweep_figure(sweep: Sequence[Record], references: dict[str, Record], 
     fig.subplots_adjust(**TWO_PANELS)
     ax_step, ax_exposed = fig.subplots(1, 2)
     median = np.array([r["median_step_s"] for r in sweep]) * 1e3
-    spread = _spread(median, np.array([r["min_step_s"] for r in sweep]) * 1e3,
+    spread = error_bars(median, np.array([r["min_step_s"] for r in sweep]) * 1e3,
                      np.array([r["max_step_s"] for r in sweep]) * 1e3)
     ax_step.errorbar(x, median, yerr=spread, fmt="o-", capsize=3, color="black", label="bucketed (ours)")
     exposed = np.array([r["exposed_overhead_s"] for r in sweep]) * 1e3
     intervals = [r.get("exposed_overhead_ci95_s") for r in sweep]
-    interval_bars = (_spread(exposed, np.array([lo for lo, _ in intervals]) * 1e3,
+    interval_bars = (error_bars(exposed, np.array([lo for lo, _ in intervals]) * 1e3,
                              np.array([hi for _, hi in intervals]) * 1e3) if all(intervals) else None)
     ax_exposed.errorbar(x, exposed, yerr=interval_bars, fmt="o-", capsize=3, color="black", label="bucketed (ours)")
     for i, (name, r) in enumerate(references.items()):
