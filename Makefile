@@ -1,7 +1,15 @@
 # Every target installs what it needs: uv (through pip) and the locked environment.
+# On a machine without network (a cluster's GPU node), UV=0 runs every target with the
+# packages already installed for $(PYTHON) instead, after checking that none is missing:
+#     make bench-gpu UV=0      make test UV=0 PYTHON=/opt/venv/bin/python
 PYTHON ?= python3
-UV := $(PYTHON) -m uv
-RUN := $(UV) run --locked
+UV ?= 1
+ifeq ($(UV),0)
+PY := PYTHONPATH="$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))" $(PYTHON)
+else
+UV_CMD := $(PYTHON) -m uv
+PY := $(UV_CMD) run --locked python
+endif
 # Every spawned rank imports torch; let Python cache its bytecode instead of recompiling
 # torch's sources in each process (some environments set this variable).
 unexport PYTHONDONTWRITEBYTECODE
@@ -11,26 +19,31 @@ unexport PYTHONDONTWRITEBYTECODE
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
+	@echo "UV=0 (any target): use $(PYTHON)'s installed packages, no network (see scripts/check_env.py)"
 
-env: ## install uv if missing and sync the locked environment into .venv
+env: ## install uv if missing and sync the locked environment into .venv (UV=0: check the installed packages)
+ifeq ($(UV),0)
+	$(PYTHON) scripts/check_env.py
+else
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv \
 		|| $(PYTHON) -m pip install --quiet --user uv
-	$(UV) sync --locked
+	$(UV_CMD) sync --locked
+endif
 
 test: env ## run every correctness test in parallel, then print the grade table
-	$(RUN) pytest -n auto --dist loadgroup
+	$(PY) -m pytest -n auto --dist loadgroup
 
 bench: env ## CPU benchmarks with gloo on this machine (<15 min on 2 cores), then the writeup
-	$(RUN) python scripts/run_benchmarks.py --suite cpu
+	$(PY) scripts/run_benchmarks.py --suite cpu
 
 bench-quick: env ## the bench path with minimal sizes (<3 min), into writeup/results/quick
-	$(RUN) python scripts/run_benchmarks.py --suite quick
+	$(PY) scripts/run_benchmarks.py --suite quick
 
 bench-gpu: env ## NCCL benchmarks at the handout's settings on a node with 1-6 GPUs, then the writeup
-	$(RUN) python scripts/run_benchmarks.py --suite gpu
+	$(PY) scripts/run_benchmarks.py --suite gpu
 
 writeup: env ## render writeup/README.md and writeup/writeup.ipynb from writeup/results
-	$(RUN) python scripts/make_writeup.py
+	$(PY) scripts/make_writeup.py
 
 doctor: env ## check a DDP job's set-up: check-in, step times, shards, parameter agreement, all-reduce o/w
-	$(RUN) python scripts/doctor.py $(DOCTOR_ARGS)
+	$(PY) scripts/doctor.py $(DOCTOR_ARGS)

@@ -375,9 +375,7 @@ def benchmark_group_rank(
     "rank_wall_s": seconds spent in this function}``; the records are the same on every rank.
     """
     start = time.perf_counter()
-    if ctx.device.type == "cpu":
-        # Ranks share the machine's cores; more threads per rank would only contend.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
+    ctx.share_cpu_threads()
     ranks_on_node = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
     limits = _GroupLimits(deadline_unix_s, ranks_on_node, memory_fraction, min_timed_iters)
     shared_gpu = is_shared_gpu(ctx.device.type, ranks_on_node)

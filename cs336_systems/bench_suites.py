@@ -10,7 +10,10 @@ memory accounting sees a fresh process) and writes one results file under
   ``writeup/results/quick/``, which the writeup ignores;
 * ``gpu``: with 2-6 GPUs, NCCL at the handout's settings (the xl model on 2 GPUs for the DDP
   problems, 2/4/6 GPUs for the all-reduce grid where available); with 1 GPU, gloo ranks sharing
-  it, every record marked ``shared_gpu``.
+  it, every record marked ``shared_gpu``, and a rehearsal of the multi-GPU DDP runs: NCCL at
+  world size 1 on the handout's xl setting, every variant beside torch's DDP. One rank's
+  all-reduce moves nothing, so what that run measures is each wrapper's own cost on a GPU
+  (host work, launches, waits), which the 2-6 GPU runs would add to every step.
 """
 
 from __future__ import annotations
@@ -94,6 +97,14 @@ def quick_suite(out: str) -> list[BenchStep]:
     )
 
 
+def nccl_rehearsal_step(out: str) -> BenchStep:
+    """xl on one GPU with NCCL at world size 1: every wrapper's own cost beside torch's DDP."""
+    args = ("--device", "cuda", "--backend", "nccl", "--world-size", "1", "--model-size", "xl",
+            "--context-length", "128", "--global-batch", "4", "--rebuild-each-round",
+            "--rounds", "5", "--steps-per-round", "2", "--bucket-sizes-mb", "1", "10", "25", "100", "1000")
+    return BenchStep("DDP step, NCCL world size 1 (xl)", "scripts/bench_ddp.py", (*args, "--out", f"{out}/ddp_step_nccl1.json"))
+
+
 def gpu_suite(out: str, gpu_count: int) -> list[BenchStep]:
     """Raises ValueError without a GPU: there is nothing of this suite to run."""
     if gpu_count < 1:
@@ -112,7 +123,7 @@ def gpu_suite(out: str, gpu_count: int) -> list[BenchStep]:
             profile=("--device", "cuda", "--backend", "gloo", "--model-size", "small", "--context-length", "128"),
             sharded=("--device", "cuda", "--backend", "gloo", "--model-size", "small", "--batch-per-rank", "4"),
             naive_steps=10,
-        )
+        ) + [nccl_rehearsal_step(out)]
     world_sizes = [str(n) for n in (2, 4, 6) if n <= gpu_count]
     xl = ("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--global-batch", "16", "--world-size", "2")
     # xl's float32 gradients are several GB: every wrapper alive at once, each with its own

@@ -37,13 +37,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from cs336_systems.bucketed_ddp import BucketedDDP
-from cs336_systems.ddp_base import DataParallel
+from cs336_systems.ddp import BucketedDDP, DataParallel, FlatDDP, NaiveDDP, PerParameterDDP
 from cs336_systems.equivalence import shard_rows
-from cs336_systems.flat_ddp import FlatDDP
 from cs336_systems.model import TransformerLM, model_config
-from cs336_systems.naive_ddp import NaiveDDP
-from cs336_systems.overlap_ddp import DDPIndividualParameters
 from cs336_systems.paired_stats import paired_median
 from cs336_systems.process_group import RankContext, run_ranks
 
@@ -181,7 +177,7 @@ def _make_variant(name: str, module: nn.Module, setting: StepBenchmarkSetting, c
     elif name == "flat":
         wrapper = FlatDDP(module)
     elif name == "per-parameter":
-        wrapper = DDPIndividualParameters(module)
+        wrapper = PerParameterDDP(module)
     else:
         mb, options = parse_bucketed(name)
         wrapper = BucketedDDP(module, bucket_size_mb=mb, **options)
@@ -253,9 +249,7 @@ def _slowest_rank(times: list[float], device: torch.device) -> list[float]:
 
 
 def _benchmark_rank(ctx: RankContext, setting: StepBenchmarkSetting) -> dict:
-    if ctx.device.type == "cpu":
-        # Ranks share this machine's cores: one rank per core share avoids oversubscription.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
+    ctx.share_cpu_threads()
     torch.manual_seed(setting.seed)
     config = model_config(setting.model_size, setting.context_length)
     module = TransformerLM(config).to(ctx.device)
@@ -269,7 +263,7 @@ def _benchmark_rank(ctx: RankContext, setting: StepBenchmarkSetting) -> dict:
     names = setting.variant_names()
     measured = {name: _Measurements() for name in names}
     # Wrappers stay attached to the shared module for the whole run: each one's hooks act only
-    # on backward passes of its own forward (overlap_base.py), and torch's reducer ignores
+    # on backward passes of its own forward (ddp/overlap.py), and torch's reducer ignores
     # backward passes it did not start, so the wrappers do not see each other's steps. Torch's
     # DDP is always built once: rebuilding it would re-register its hooks on the module.
     def build(name: str) -> _Variant:

@@ -7,11 +7,16 @@ chrome://tracing), and :func:`extract_step_timelines` reduces it to two lanes on
 * **backward compute**: on CPU, the autograd engine's node evaluations
   (``autograd::engine::evaluate_function: ...``) inside the ``backward`` range; on GPU, the
   kernels launched during that range (matched by their launch's ``correlation`` id);
-* **communication**: the all-reduces themselves. With gloo, the profiler records each
-  collective as a ``gloo:all_reduce`` event on gloo's worker thread, from when the worker picks
-  the work up until it completes (waiting for slower peers included); ``c10d::allreduce_`` on
-  the calling thread is only the enqueue and is not counted. With NCCL, the
-  ``ncclDevKernel_AllReduce_...`` kernels on the GPU timeline.
+* **communication**: the all-reduces themselves, read from what the process group's backend
+  really does (chosen by backend, not by device):
+
+  - gloo records each collective as a ``gloo:all_reduce`` event on its worker thread, from when
+    the worker picks the work up until it completes (waiting for slower peers included);
+    ``c10d::allreduce_`` on the calling thread is only the enqueue and is not counted. On CUDA
+    tensors gloo reduces in host memory: the enqueue copies each tensor to the host and the
+    worker copies the result back, so those copies (``gpu_memcpy`` events launched inside the
+    enqueue or the worker's event) are communication too;
+  - NCCL runs ``ncclDevKernel_AllReduce_...`` kernels on its own stream of the GPU timeline.
 
 The *overlap fraction* of a step is the share of its communication time (union of the
 intervals, so concurrent collectives count once) that lies inside the backward range. Naive
@@ -39,17 +44,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from cs336_systems.ddp_base import DataParallel
+from cs336_systems.ddp import DataParallel, NaiveDDP, PerParameterDDP
 from cs336_systems.equivalence import shard_rows
 from cs336_systems.model import TransformerLM, model_config
-from cs336_systems.naive_ddp import NaiveDDP
-from cs336_systems.overlap_ddp import DDPIndividualParameters
 from cs336_systems.process_group import RankContext, run_ranks
 
-VARIANTS: dict[str, type[DataParallel]] = {"naive": NaiveDDP, "per-parameter": DDPIndividualParameters}
+VARIANTS: dict[str, type[DataParallel]] = {"naive": NaiveDDP, "per-parameter": PerParameterDDP}
 STEP_RANGE = "train_step"
 PHASES = ("forward", "backward", "finish_gradient_synchronization", "optimizer_step")
 GLOO_ALL_REDUCE = "gloo:all_reduce"
+ENQUEUE_ALL_REDUCE = "c10d::allreduce_"
+BACKENDS = ("gloo", "nccl")
 AUTOGRAD_NODE_PREFIX = "autograd::engine::evaluate_function:"
 # Chrome traces of a bigger model run to tens of MB; past this size we store them gzipped
 # (Perfetto and chrome://tracing open .json.gz directly).
@@ -121,7 +126,16 @@ class StepTimeline:
     backward_compute: list[Interval]  # merged
     communication: list[Interval]  # merged all-reduce intervals
     n_comm_events: int  # all-reduce events (before merging)
-    device_clock: bool  # True: lanes are GPU kernels; False: CPU threads
+    device_clock: bool  # True: compute is GPU kernels; False: CPU threads
+    backend: str  # whose events make the communication lane: "gloo" or "nccl"
+
+    @property
+    def lanes_from(self) -> str:
+        compute = "GPU kernels" if self.device_clock else "autograd nodes on the CPU"
+        if self.backend == "nccl":
+            return f"compute: {compute}; all-reduce: NCCL kernels"
+        copies = " and their host-device copies" if self.device_clock else ""
+        return f"compute: {compute}; all-reduce: gloo worker threads{copies}"
 
     @property
     def backward_range(self) -> Interval:
@@ -165,11 +179,30 @@ def _is_nccl_all_reduce(event: dict) -> bool:
     return event.get("cat") == "kernel" and "nccl" in name and "allreduce" in name
 
 
-def extract_step_timelines(trace: dict[str, Any]) -> list[StepTimeline]:
-    """One :class:`StepTimeline` per "train_step" range of a Chrome trace (``json.load``-ed).
+def _correlation(event: dict) -> Any:
+    return event.get("args", {}).get("correlation")
 
-    Raises ValueError when the trace has no "train_step" range or a step lacks "backward".
+
+def _launched_inside(runtime_calls: list[dict], spans: list[dict]) -> set:
+    """Correlation ids of the runtime calls made inside one of ``spans`` on the same thread."""
+    by_thread: dict[Any, list[Interval]] = {}
+    for span in spans:
+        by_thread.setdefault(span.get("tid"), []).append(_span(span))
+    return {
+        _correlation(call) for call in runtime_calls
+        if any(a <= float(call["ts"]) <= b for a, b in by_thread.get(call.get("tid"), []))
+    }
+
+
+def extract_step_timelines(trace: dict[str, Any], backend: str) -> list[StepTimeline]:
+    """One :class:`StepTimeline` per "train_step" range of a Chrome trace (``json.load``-ed)
+    recorded with ``backend`` ("gloo" or "nccl").
+
+    Raises ValueError for another backend, when the trace has no "train_step" range, or when a
+    step lacks "backward".
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "ts" in e]
     steps = sorted(_span(e) for e in events if _is_cpu_annotation(e, STEP_RANGE))
     if not steps:
@@ -177,10 +210,22 @@ def extract_step_timelines(trace: dict[str, Any]) -> list[StepTimeline]:
             f"trace has no {STEP_RANGE!r} ranges: record each step inside "
             f"torch.profiler.record_function({STEP_RANGE!r})"
         )
-    return [_extract_step(events, window) for window in steps]
+    return [_extract_step(events, window, backend) for window in steps]
 
 
-def _extract_step(events: list[dict], window: Interval) -> StepTimeline:
+def _communication(inside: list[dict], backend: str) -> list[dict]:
+    """The events that are all-reduce work of ``backend`` (see the module docstring)."""
+    if backend == "nccl":
+        return [e for e in inside if _is_nccl_all_reduce(e)]
+    workers = [e for e in inside if e.get("name") == GLOO_ALL_REDUCE]
+    enqueues = [e for e in inside if e.get("name") == ENQUEUE_ALL_REDUCE]
+    runtime = [e for e in inside if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    staged = _launched_inside(runtime, workers + enqueues)
+    copies = [e for e in inside if e.get("cat") == "gpu_memcpy" and _correlation(e) in staged]
+    return workers + copies
+
+
+def _extract_step(events: list[dict], window: Interval, backend: str) -> StepTimeline:
     s0, s1 = window
     inside = [e for e in events if s0 <= float(e["ts"]) <= s1]
     phases: dict[str, Interval] = {}
@@ -192,21 +237,19 @@ def _extract_step(events: list[dict], window: Interval) -> StepTimeline:
         raise ValueError(f"step at ts={s0:.0f} us has no 'backward' range; phases found: {sorted(phases)}")
     b0, b1 = phases["backward"]
 
+    comm_events = _communication(inside, backend)
     kernels = [e for e in inside if e.get("cat") == "kernel"]
     device_clock = bool(kernels)
     if device_clock:
-        comm_events = [e for e in kernels if _is_nccl_all_reduce(e)]
-        launches = {
-            e.get("args", {}).get("correlation")
-            for e in inside
+        launched_in_backward = {
+            _correlation(e) for e in inside
             if e.get("cat") in ("cuda_runtime", "cuda_driver") and b0 <= float(e["ts"]) <= b1
         }
         compute = [
             _span(e) for e in kernels
-            if not _is_nccl_all_reduce(e) and e.get("args", {}).get("correlation") in launches
+            if not _is_nccl_all_reduce(e) and _correlation(e) in launched_in_backward
         ]
     else:
-        comm_events = [e for e in inside if e.get("name") == GLOO_ALL_REDUCE]
         compute = [
             _span(e) for e in inside
             if e.get("name", "").startswith(AUTOGRAD_NODE_PREFIX) and b0 <= float(e["ts"]) <= b1
@@ -220,8 +263,9 @@ def _extract_step(events: list[dict], window: Interval) -> StepTimeline:
         phases={name: (a - s0, b - s0) for name, (a, b) in phases.items()},
         backward_compute=relative(compute),
         communication=relative(_span(e) for e in comm_events),
-        n_comm_events=len(comm_events),
+        n_comm_events=sum(e.get("cat") != "gpu_memcpy" for e in comm_events),
         device_clock=device_clock,
+        backend=backend,
     )
 
 
@@ -273,7 +317,7 @@ class VariantProfile:
             "step_s": t.duration_us * 1e-6,
             "n_comm_events": t.n_comm_events,
             "phases_s": {name: [a * 1e-6, b * 1e-6] for name, (a, b) in t.phases.items()},
-            "lanes_from": "gpu kernels" if t.device_clock else "cpu threads",
+            "lanes_from": t.lanes_from,
             "trace": Path(self.trace_path).name,
         }
 
@@ -296,8 +340,7 @@ def _train_step(wrapper, optimizer, tokens, targets, device: torch.device) -> No
 
 
 def _profile_rank(ctx: RankContext, setting: ProfileSetting) -> list[VariantProfile] | None:
-    if ctx.device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
+    ctx.share_cpu_threads()
     torch.manual_seed(setting.seed)
     config = model_config(setting.model_size, setting.context_length)
     module = TransformerLM(config).to(ctx.device)
@@ -327,7 +370,8 @@ def _profile_rank(ctx: RankContext, setting: ProfileSetting) -> list[VariantProf
             prof.export_chrome_trace(str(raw))
             text = raw.read_text()
         trace_path = _save_trace(text, out_dir, name)
-        profiles.append(VariantProfile(name, str(trace_path), extract_step_timelines(json.loads(text))))
+        timelines = extract_step_timelines(json.loads(text), ctx.backend)
+        profiles.append(VariantProfile(name, str(trace_path), timelines))
     return profiles if ctx.rank == 0 else None
 
 

@@ -14,7 +14,7 @@ It answers the questions asked when DDP "only trains on one rank" or hangs:
   ranks before any broadcast, after wrapping in DDP, and after the training steps;
 * what do all-reduces cost here? A short calibration fits ``time = o + bytes / w`` and suggests
   the bucket size ``sqrt(s w o)`` for the model's ``s`` gradient bytes
-  (:mod:`cs336_systems.overhead_model`).
+  (:mod:`cs336_systems.ddp.overhead_model`).
 
 Each problem becomes a *finding*: a sentence that says what is wrong, with the values seen, and
 what usually causes it. The pure ``find_*`` functions turn gathered data into findings;
@@ -42,7 +42,8 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from cs336_systems.allreduce_benchmark import time_payload
-from cs336_systems.bucketed_ddp import MB, BucketedDDP
+from cs336_systems.ddp import BucketedDDP
+from cs336_systems.units import KB, MB
 from cs336_systems.doctor_findings import (  # noqa: F401  (re-exported: the doctor's API)
     SHOWN,
     BEFORE_BROADCAST,
@@ -56,10 +57,10 @@ from cs336_systems.doctor_findings import (  # noqa: F401  (re-exported: the doc
     ranks_text,
 )
 from cs336_systems.model import MODEL_SIZES, TransformerLM, count_parameters, model_config
-from cs336_systems.overhead_model import fit_latency_bandwidth, optimal_bucket_bytes
-from cs336_systems.process_group import RankContext, run_ranks, running_under_launcher
+from cs336_systems.ddp.overhead_model import fit_latency_bandwidth, optimal_bucket_bytes
+from cs336_systems.process_group import RankContext, check_devices, run_ranks, running_under_launcher
 
-KB = 2**10
+
 UNSEEDED = "unseeded-no-broadcast"  # each rank seeds differently; the raw model trains unwrapped
 OVERLAPPING_SHARDS = "overlapping-shards"  # every rank builds its sampler as if it were rank 0
 STRAGGLER = "straggler"  # rank 1 sleeps in every step
@@ -297,7 +298,10 @@ def _scenario_rank(
     checksums = {BEFORE_BROADCAST: parameter_checksums(module)}
     model: nn.Module = module
     if inject != UNSEEDED:
-        model = BucketedDDP(module, bucket_size_mb=options.bucket_size_mb)
+        # The model's only buffers are RoPE tables computed from its config, equal on every rank;
+        # broadcasting them at each forward would make fast ranks wait for a straggler inside
+        # forward, where the compute time that finds stragglers is measured.
+        model = BucketedDDP(module, bucket_size_mb=options.bucket_size_mb, broadcast_buffers=False)
         checksums[AFTER_WRAPPING] = parameter_checksums(module)
     step_s, compute_s, fastest_s, wait_s = _train_steps(ctx, model, data, indices, options, inject)
     checksums[AFTER_TRAINING] = parameter_checksums(module)
@@ -324,10 +328,7 @@ def doctor_rank(ctx: RankContext, options: DoctorOptions, injects: Sequence[str 
     """
     if ctx.world_size <= FAULTY_RANK and any(i in (STRAGGLER, MISSING_RANK) for i in injects):
         raise ValueError(f"injecting a fault on rank {FAULTY_RANK} needs world size > {FAULTY_RANK}")
-    if ctx.device.type == "cpu":
-        # Ranks share this machine's cores; more threads per rank would only contend.
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    ctx.share_cpu_threads()
     store = _connect_store(ctx, options.timeout_s)
     reports = []
     for index, inject in enumerate(injects):
@@ -429,22 +430,6 @@ def validate_options(options: DoctorOptions) -> None:
         )
 
 
-def _check_devices(options: DoctorOptions, ranks_on_node: int) -> None:
-    """ValueError for a backend and device that cannot work, before any collective fails on it."""
-    if options.device_type not in ("cpu", "cuda"):
-        raise ValueError(f"device_type must be 'cpu' or 'cuda', got {options.device_type!r}")
-    backend = options.backend or ("nccl" if options.device_type == "cuda" else "gloo")
-    if backend == "nccl" and options.device_type != "cuda":
-        raise ValueError("the nccl backend needs CUDA devices; use gloo on CPU")
-    if options.device_type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for, but torch.cuda.is_available() is False")
-    if backend == "nccl" and ranks_on_node > torch.cuda.device_count():
-        raise ValueError(
-            f"nccl needs one GPU per rank: {ranks_on_node} ranks on this node, "
-            f"{torch.cuda.device_count()} GPUs; run fewer ranks, or --backend gloo to share GPUs"
-        )
-
-
 def run_doctor_scenarios(options: DoctorOptions, injects: Sequence[str | None]) -> list[DoctorReport]:
     """One launch, one report per entry of ``injects`` (None: healthy). Starting ranks costs
     seconds; the scenarios share one process group."""
@@ -457,7 +442,7 @@ def run_doctor_scenarios(options: DoctorOptions, injects: Sequence[str | None]) 
             f"injecting a fault on rank {FAULTY_RANK} needs world size > {FAULTY_RANK}, got {world_size}"
         )
     ranks_on_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) if under_launcher else world_size
-    _check_devices(options, ranks_on_node)
+    check_devices(options.device_type, options.backend, ranks_on_node)
     results = run_ranks(
         doctor_rank,
         options.world_size,

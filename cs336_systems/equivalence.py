@@ -14,8 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cs336_systems.flat_ddp import FlatDDP
-from cs336_systems.naive_ddp import NaiveDDP
+from cs336_systems.ddp import FlatDDP, NaiveDDP
 from cs336_systems.process_group import RankContext, run_ranks
 
 VARIANTS = {"naive": NaiveDDP, "flat": FlatDDP}

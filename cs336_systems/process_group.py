@@ -49,10 +49,35 @@ class RankContext:
     local_rank: int  # rank within this node; picks the GPU
     device: torch.device  # where this rank's model and data live
     backend: str  # "gloo" or "nccl"
+    local_world_size: int = 1  # ranks on this rank's node (they share its cores and GPUs)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def share_cpu_threads(self) -> int:
+        """On a CPU, give this rank its share of the node's cores (see :func:`cpu_threads_per_rank`)
+        and return it; ranks of one node would otherwise each start a thread per core and contend."""
+        threads = cpu_threads_per_rank(self.local_world_size)
+        if self.device.type == "cpu":
+            torch.set_num_threads(threads)
+        return threads
+
+
+def cpu_threads_per_rank(ranks_on_node: int) -> int:
+    """Threads for each CPU rank: ``OMP_NUM_THREADS`` when set (torchrun sets it to 1 when it starts
+    several ranks per node; the test suite sets it to 1 because its workers run side by side),
+    else an equal share of this machine's cores."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value:
+        try:
+            threads = int(value)
+        except ValueError as e:
+            raise ValueError(f"OMP_NUM_THREADS must be a positive integer, got {value!r}") from e
+        if threads < 1:
+            raise ValueError(f"OMP_NUM_THREADS must be a positive integer, got {value!r}")
+        return threads
+    return max(1, (os.cpu_count() or 1) // max(1, ranks_on_node))
 
 
 def find_free_port(host: str = "127.0.0.1") -> int:
@@ -81,9 +106,42 @@ def select_device(local_rank: int, device_type: str | None = None) -> torch.devi
     return torch.device("cuda", index)
 
 
-def backend_for_device(device: torch.device) -> str:
+def backend_for_device(device: torch.device | str) -> str:
     """NCCL for GPUs, gloo for CPUs (gloo lacks fast GPU collectives, NCCL has no CPU ones)."""
-    return "nccl" if device.type == "cuda" else "gloo"
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def default_device_type() -> str:
+    """"cuda" when a GPU is visible, else "cpu"."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_devices(device_type: str | None, backend: str | None, ranks_on_node: int) -> tuple[str, str]:
+    """The (device type, backend) a job of ``ranks_on_node`` local ranks will use, or a
+    ValueError naming what cannot work, before any process starts or any collective hangs.
+
+    ``None`` picks the defaults: CUDA if available, and NCCL on CUDA, gloo on CPU. NCCL needs
+    one GPU per rank on a node (two ranks on one GPU fail at their first collective with
+    "Duplicate GPU detected"); gloo may share GPUs.
+    """
+    device_type = device_type or default_device_type()
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device_type!r}")
+    backend = backend or backend_for_device(device_type)
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for, but no CUDA GPU is visible (torch.cuda.is_available() is False)")
+    if backend == "nccl" and device_type != "cuda":
+        raise ValueError("the nccl backend needs CUDA devices; use --backend gloo on CPU")
+    gpus = torch.cuda.device_count() if device_type == "cuda" else 0
+    if backend == "nccl" and ranks_on_node > gpus:
+        raise ValueError(
+            f"nccl needs one GPU per rank: {ranks_on_node} ranks on this node but {gpus} "
+            f"GPU{'s' if gpus != 1 else ''} visible; run at most {gpus} ranks per node, or "
+            "--backend gloo to let ranks share a GPU"
+        )
+    return device_type, backend
 
 
 def _env_int(name: str) -> int:
@@ -119,10 +177,9 @@ def init_from_env(
     local_rank = _env_int("LOCAL_RANK") if "LOCAL_RANK" in os.environ else rank
     if not 0 <= rank < world_size:
         raise ValueError(f"RANK must be in [0, WORLD_SIZE={world_size}), got {rank}")
+    ranks_on_node = _env_int("LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in os.environ else world_size
+    device_type, backend = check_devices(device_type, backend, ranks_on_node)
     device = select_device(local_rank, device_type)
-    backend = backend or backend_for_device(device)
-    if backend == "nccl" and device.type != "cuda":
-        raise ValueError("the nccl backend needs CUDA devices; use gloo on CPU")
     if not dist.is_initialized():
         dist.init_process_group(
             backend=backend,
@@ -130,7 +187,7 @@ def init_from_env(
             world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
         )
-    return RankContext(rank, world_size, local_rank, device, backend)
+    return RankContext(rank, world_size, local_rank, device, backend, ranks_on_node)
 
 
 def teardown(clean: bool = True) -> None:
@@ -231,6 +288,7 @@ def launch(
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
+    check_devices(device_type, backend, world_size)
     deadline_s = join_timeout_s if join_timeout_s is not None else 3 * timeout_s
     for attempt in range(port_attempts):
         port = find_free_port()

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.distributed as dist
 
-from cs336_systems.coalesced import broadcast_coalesced
+from cs336_systems.comm.coalesced import broadcast_coalesced
 
 MB = 2**20  # bucket sizes are in MiB, as torch DDP's bucket_cap_mb
 STATE_DICT_FORMAT = "cs336_systems.ShardedOptimizer/1"  # tags state_dict() output

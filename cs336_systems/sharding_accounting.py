@@ -7,7 +7,7 @@ For the Transformer LM at one size we train a few data-parallel steps twice, onc
 * ``sharded``: :class:`~cs336_systems.sharded_optimizer.ShardedOptimizer` over AdamW, each
   rank holding the state of the parameters it owns and broadcasting them after its update.
 
-Both synchronise gradients with :class:`~cs336_systems.naive_ddp.NaiveDDP`, which all-reduces
+Both synchronise gradients with :class:`~cs336_systems.ddp.NaiveDDP`, which all-reduces
 each ``.grad`` in place and so holds no gradient copy (a flat or bucketed wrapper keeps its
 buffers, which would blur the breakdown); the two configurations differ only in the optimizer.
 
@@ -68,7 +68,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cs336_systems.model import TransformerLM, model_config
-from cs336_systems.naive_ddp import NaiveDDP
+from cs336_systems.ddp import NaiveDDP
 from cs336_systems.process_group import RankContext, run_ranks, running_under_launcher
 from cs336_systems.sharded_optimizer import ShardedOptimizer
 
@@ -427,9 +427,7 @@ def _accounting_rank(
     ctx: RankContext, setting: ShardingAccountingSetting, configurations: tuple[str, ...]
 ) -> list[dict]:
     """Every rank's records for ``configurations``, measured in order (on every rank alike)."""
-    if ctx.device.type == "cpu":
-        # Ranks share this machine's cores: one share each avoids oversubscription.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ctx.world_size))
+    ctx.share_cpu_threads()
     # Only RSS needs freed memory handed back; the CUDA allocator counts live tensors itself.
     malloc_threshold = fix_malloc_mmap_threshold() if ctx.device.type == "cpu" else None
     records = []

@@ -1,4 +1,4 @@
-"""Test-wide set-up: a free rendezvous port per test, and the grade report."""
+"""Test-wide set-up: a free rendezvous port and one thread per rank for every test, and the grade report."""
 
 from __future__ import annotations
 
@@ -28,4 +28,7 @@ def free_rendezvous_port(monkeypatch: pytest.MonkeyPatch) -> int:
     if sys.platform.startswith("linux"):
         # All ranks are local: keep gloo on loopback whatever the hostname resolves to.
         monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    # pytest -n auto runs one worker per core, each spawning ranks: one thread per rank keeps a
+    # 16-core machine as uncontended as a 2-core one (cpu_threads_per_rank reads this).
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     return port

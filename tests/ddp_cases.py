@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import adapters
-from cs336_systems.bucketed_ddp import BucketedDDP
+from cs336_systems.ddp import BucketedDDP
 from cs336_systems.process_group import RankContext
 
 BATCH = 12  # divisible by world sizes 2 and 3

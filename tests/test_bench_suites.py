@@ -20,15 +20,21 @@ def test_steps_run_existing_scripts_into_the_results_folder(suite):
     for step in steps:
         assert (REPO / step.script).is_file(), step.script
     outputs = {Path(a).name for s in steps for a in s.args if a.startswith("OUT/") and a.endswith(".json")}
-    assert outputs == RESULT_FILES
+    assert outputs - {"ddp_step_nccl1.json"} == RESULT_FILES
     assert any("OUT/profile" in s.args for s in steps)
 
 
 def test_gpu_suite_uses_nccl_only_with_a_gpu_per_rank():
     two = " ".join(a for s in gpu_suite("OUT", 2) for a in s.args)
     assert "nccl" in two and "--world-sizes 2 " in two and "xl" in two
-    one = " ".join(a for s in gpu_suite("OUT", 1) for a in s.args)
+    *shared, rehearsal = gpu_suite("OUT", 1)
+    one = " ".join(a for s in shared for a in s.args)
     assert "nccl" not in one and "--shared-gpu" in one
+    # One GPU rehearses the multi-GPU DDP runs: NCCL at world size 1, xl, torch's DDP beside.
+    assert rehearsal.args[rehearsal.args.index("--backend") + 1] == "nccl"
+    assert rehearsal.args[rehearsal.args.index("--world-size") + 1] == "1"
+    assert rehearsal.args[rehearsal.args.index("--model-size") + 1] == "xl"
+    assert "--no-torch-ddp" not in rehearsal.args and rehearsal.args[-1].endswith("ddp_step_nccl1.json")
     # xl's wrappers take turns in GPU memory; the CPU model's all stay built.
     assert two.count("--rebuild-each-round") == 2 and "--rebuild-each-round" not in " ".join(
         a for s in cpu_suite("OUT") for a in s.args)

@@ -68,12 +68,13 @@ def test_submit_slurm_local_executor_runs_script_as_ranks(tmp_path, monkeypatch,
 
 @pytest.mark.timeout(180)
 def test_torchrun_runs_a_benchmark_script_as_ranks(tmp_path):
-    torchrun = Path(sys.executable).with_name("torchrun")
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
     out = tmp_path / "allreduce.json"
     command = [
-        str(torchrun), "--nproc-per-node", str(WORLD_SIZE), "--master-addr", "127.0.0.1",
+        # torchrun's own module: the same launcher, found wherever this Python's packages are.
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD_SIZE), "--master-addr", "127.0.0.1",
         "--master-port", str(find_free_port()), str(REPO / "scripts" / "bench_allreduce.py"),
+        "--device", "cpu", "--backend", "gloo",  # pinned: with a GPU the default would be NCCL
         "--sizes-mb", "0.01", "--warmup", "1", "--iters", "2", "--out", str(out),
     ]
     done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=150)

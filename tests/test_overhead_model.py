@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from cs336_systems.overhead_model import (
+from cs336_systems.ddp.overhead_model import (
     exposed_overhead,
     fit_latency_bandwidth,
     minimum_exposed_overhead,

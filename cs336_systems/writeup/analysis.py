@@ -9,7 +9,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from cs336_systems.overhead_model import (
+from cs336_systems.ddp.overhead_model import (
     exposed_overhead,
     fit_latency_bandwidth,
     minimum_exposed_overhead,

@@ -35,7 +35,7 @@ AUTO_BUCKETED = "bucketed-auto"
 # The goals this repo set itself against torch's DDP, as (variant, largest exposed-overhead ratio).
 GOALS = ((DEFAULT_BUCKETED, 0.9), ("per-parameter", 1.2))
 
-# What each ablation variant is, in one line (the levers: cs336_systems/bucketed_ddp.py).
+# What each ablation variant is, in one line (the levers: cs336_systems/ddp/bucketed.py).
 VARIANT_MEANING = {
     COMPUTE_ONLY: "no communication: the floor every overhead is measured from",
     "per-parameter": "one asynchronous all-reduce per parameter, started from its gradient hook",
@@ -62,7 +62,7 @@ LEVERS_TEXT = """Our `BucketedDDP` has levers beyond the handout, each on by def
 - **small first bucket** (`first_bucket_mb`): the first bucket to fill is capped small (torch uses 1 MB), so the first all-reduce starts early in backward instead of after a full-size bucket.
 - **rebuild in ready order** (`reorder_after_first_step`): after the first step the buckets are rebuilt in the order the gradients actually became ready, so each bucket fills in one stretch of backward.
 - **bf16 communication** (`comm_dtype=torch.bfloat16`, off by default): gradients are all-reduced in bfloat16, half the bytes; this changes the numbers, so `tests/test_ddp_equivalence.py` checks it against float32 bucketing within bfloat16's rounding rather than exactly.
-- **automatic bucket size** (`bucket_size_mb="auto"`): the size $\\sqrt{s\\,w\\,o}$ of the overhead model (section above), with $o$ and $w$ fitted to all-reduces this job times at start-up (`cs336_systems/bucket_autotune.py`).
+- **automatic bucket size** (`bucket_size_mb="auto"`): the size $\\sqrt{s\\,w\\,o}$ of the overhead model (section above), with $o$ and $w$ fitted to all-reduces this job times at start-up (`cs336_systems/ddp/auto_bucket.py`).
 
 Every variant ran once per round, all in the same interleaved run, so step $i$ of each variant and of the compute-only step ran seconds apart under the same machine load. Each exposed overhead is the median over rounds of (the variant's step − the compute-only step of the same round), and each comparison of two variants is the median of their per-round differences, judged against its 95% interval (distribution-free, from the sign test; `cs336_systems/paired_stats.py`): a difference whose interval contains zero is called *within noise*."""
 

@@ -123,7 +123,7 @@ def _fit_part(ctx: RenderContext) -> list[str]:
            "Least squares on median time $= o + \\text{bytes}/w$ over the measured payloads of each backend and "
            "world size, each residual taken relative to its measured time: the payloads span decades, and with "
            "plain residuals the largest payload's run-to-run noise would swamp a per-call cost of about a "
-           "millisecond (`cs336_systems/overhead_model.py`). $w$ is bytes of payload per second of one all-reduce "
+           "millisecond (`cs336_systems/ddp/overhead_model.py`). $w$ is bytes of payload per second of one all-reduce "
            "(like algbw, not busbw)."]
     for machine, results in ctx.inputs.runs("allreduce"):
         groups = comm_groups(results.records)

@@ -6,19 +6,22 @@ see ``torch.Tensor.register_post_accumulate_grad_hook``). Gradients are grouped 
 (one parameter each, or one bucket each); a unit's async all-reduce starts as soon as its
 last gradient is ready, so communication runs while backward computes the rest.
 
-Units are launched strictly in a fixed order, the same on every rank: unit k starts only after
-units 0..k-1 have. Collectives are matched across ranks by the order they are issued in, so
-launching in hook order would pair different tensors on different ranks whenever ranks'
-autograd graphs differ (a branch taken on one rank only). The fixed order starts as reverse
-registration order (roughly the order backward produces gradients) and, after the first
-step, becomes the order rank 0 actually saw, so that in steady state no ready unit waits.
+A unit owns its parameters, its pending count and its async work; the wrapper owns only the
+launch order and a cursor into it. Units are launched strictly in that order, the same on
+every rank: unit k starts only after units 0..k-1 have. Collectives are matched across ranks
+by the order they are issued in, so launching in hook order would pair different tensors on
+different ranks whenever ranks' autograd graphs differ (a branch taken on one rank only). The
+order starts as reverse registration order (roughly the order backward produces gradients)
+and, after the first step, becomes the order rank 0 actually saw, so that in steady state no
+ready unit waits.
 
 Hooks act only on a backward pass that started from this wrapper's own forward (as torch's
 reducer does), so several wrappers may share one module, as the step benchmark does.
 
 ``finish_gradient_synchronization()`` launches whatever has not started (units whose
 parameters got no gradient this step, with zeros in their place), waits for every unit and
-writes the averaged gradients back. After it the next step starts clean.
+writes the averaged gradients back. Nothing on this path reads device memory unless some
+gradient is missing on this rank (see base.py); after it the next step starts clean.
 """
 
 from __future__ import annotations
@@ -29,67 +32,95 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from cs336_systems.ddp_base import DataParallel
+from cs336_systems.ddp.base import DataParallel
+from cs336_systems.ddp.mean_all_reduce import MeanAllReduce
 
 
 class ReductionUnit:
-    """A group of parameters reduced by one collective. Subclasses say how."""
+    """Parameters reduced by one collective: the count still pending and the async work."""
 
-    params: list[nn.Parameter]
+    def __init__(self, params: list[nn.Parameter]):
+        self.params = params
+        self.pending = len(params)
+        self.work: dist.Work | None = None
 
-    def launch(self, ddp: "OverlappedDataParallel") -> dist.Work:
+    def mark_ready(self, param: nn.Parameter) -> None:
+        """Called from the hook as each of the unit's gradients becomes final."""
+        self.pending -= 1
+
+    def launch(self, comm: MeanAllReduce) -> None:
+        """Start the unit's async all-reduce (sets :attr:`work`)."""
         raise NotImplementedError
 
-    def on_param_ready(self, param: nn.Parameter) -> None:
-        """Called from the hook as each of the unit's gradients becomes ready."""
+    def wait(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+
+    def reset(self) -> None:
+        self.pending = len(self.params)
+        self.work = None
 
 
 class OverlappedDataParallel(DataParallel):
-    """Base of per-parameter and bucketed DDP. Subclasses implement :meth:`_build_units`."""
+    """Base of per-parameter and bucketed DDP.
+
+    Subclasses build their units with :meth:`_build_units` and install them at the end of
+    their constructor with ``self._install_units(self._build_units(self._initial_order()))``.
+    """
 
     def __init__(
         self,
         module: nn.Module,
         process_group: dist.ProcessGroup | None = None,
+        *,
         reorder_after_first_step: bool = True,
+        broadcast_buffers: bool = True,
     ):
-        super().__init__(module, process_group)
+        super().__init__(module, process_group, broadcast_buffers=broadcast_buffers)
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         self._reorder_pending = reorder_after_first_step
-        self._set_units(self._build_units(list(reversed(self.synced_params))))
+        self._units: list[ReductionUnit] = []
+        self._unit_of: dict[int, ReductionUnit] = {}
+        self._cursor = 0  # the next unit to launch
+        self._ready_order: list[int] = []  # ids of parameters, in the order hooks fired
+        self._ready_ids: set[int] = set()
         self._expect_hooks = False  # set by our forward, cleared when the step finishes
         self._hook_handles = [
             p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.synced_params
         ]
-        self._reset_step()
 
     # -- subclass interface ------------------------------------------------------------------
 
     def _build_units(self, params_in_launch_order: Sequence[nn.Parameter]) -> list[ReductionUnit]:
         raise NotImplementedError
 
-    def _after_all_launched(self) -> None:
-        """Hook run after the last unit is launched and before waiting."""
+    def _after_all_launched(self) -> int:
+        """Hook run after the last unit is launched and before waiting; returns the number of
+        collectives it started."""
+        return 0
 
     def _complete_units(self) -> None:
         """Write every unit's reduced values into ``.grad`` (all works have finished)."""
         raise NotImplementedError
 
-    # -- per-step state ----------------------------------------------------------------------
+    # -- units and per-step state ------------------------------------------------------------
 
-    def _set_units(self, units: list[ReductionUnit]) -> None:
+    def _initial_order(self) -> list[nn.Parameter]:
+        return list(reversed(self.synced_params))
+
+    def _install_units(self, units: list[ReductionUnit]) -> None:
         self._units = units
-        self._unit_of = {id(p): i for i, unit in enumerate(units) for p in unit.params}
+        self._unit_of = {id(p): unit for unit in units for p in unit.params}
 
     def _reset_step(self) -> None:
-        self._pending = [len(unit.params) for unit in self._units]
-        self._next_unit = 0
-        self._works: list[dist.Work] = []
-        self._ready_order: list[int] = []  # ids of parameters, in the order hooks fired
-        self._ready_ids: set[int] = set()
+        for unit in self._units:
+            unit.reset()
+        self._cursor = 0
+        self._ready_order = []
+        self._ready_ids = set()
 
     def _step_in_progress(self) -> bool:
-        return bool(self._ready_order) or self._next_unit > 0
+        return bool(self._ready_order) or self._cursor > 0
 
     def _before_forward(self) -> None:
         if self._step_in_progress():
@@ -120,27 +151,23 @@ class OverlappedDataParallel(DataParallel):
             )
         self._ready_order.append(key)
         self._ready_ids.add(key)
-        unit = self._unit_of[key]
-        self._units[unit].on_param_ready(param)
-        self._pending[unit] -= 1
-        while self._next_unit < len(self._units) and self._pending[self._next_unit] == 0:
-            self._launch_next()
-
-    def _launch_next(self) -> None:
-        self._works.append(self._units[self._next_unit].launch(self))
-        self._next_unit += 1
+        self._unit_of[key].mark_ready(param)
+        units = self._units
+        while self._cursor < len(units) and units[self._cursor].pending == 0:
+            units[self._cursor].launch(self.comm)
+            self._cursor += 1
 
     def finish_gradient_synchronization(self) -> None:
         if not self._sync_this_backward:
             return
-        while self._next_unit < len(self._units):
-            self._launch_next()
-        self._after_all_launched()
-        calls = len(self._works)
-        for work in self._works:
-            work.wait()
+        for unit in self._units[self._cursor :]:
+            unit.launch(self.comm)
+        self._cursor = len(self._units)
+        extra_calls = self._after_all_launched()
+        for unit in self._units:
+            unit.wait()
         self._complete_units()
-        self.allreduce_calls_last_step = calls
+        self.allreduce_calls_last_step = len(self._units) + extra_calls
         if self._reorder_pending:
             self._reorder_pending = False
             self._adopt_rank0_ready_order()
@@ -151,13 +178,13 @@ class OverlappedDataParallel(DataParallel):
         """Rebuild units in the order rank 0's gradients became ready in this step.
 
         Parameters that got no gradient on rank 0 keep their relative order at the end. The
-        order is broadcast so that every rank launches the same units in the same order.
+        order is broadcast so that every rank launches the same units in the same order. This
+        runs once, after the first step; its read of the broadcast order is its only wait.
         """
         index_of = {id(p): i for i, p in enumerate(self.synced_params)}
         seen = [index_of[key] for key in self._ready_order]
         fired = set(seen)
         rest = [i for i in reversed(range(len(self.synced_params))) if i not in fired]
         order = torch.tensor(seen + rest, dtype=torch.int64, device=self.synced_params[0].device)
-        src = dist.get_global_rank(self.process_group, 0) if self.process_group is not None else 0
-        dist.broadcast(order, src=src, group=self.process_group)
-        self._set_units(self._build_units([self.synced_params[i] for i in order.tolist()]))
+        dist.broadcast(order, src=self._src, group=self.process_group)
+        self._install_units(self._build_units([self.synced_params[i] for i in order.tolist()]))

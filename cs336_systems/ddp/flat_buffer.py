@@ -2,9 +2,10 @@
 
 Flat and bucketed DDP both reduce gradients through such a buffer: the gradients of
 parameters sharing a dtype and device, back to back, followed by one flag per parameter (1 if
-this rank has its gradient, else 0). One all-reduce then sums the gradients and, in the same
-call, counts how many ranks contributed each one, which decides whether a gradient missing on
-this rank is filled in (some rank used the parameter) or left ``None`` (no rank did).
+this rank has its gradient, else 0). One all-reduce then reduces the gradients and, in the same
+call, the flags, which say whether a gradient missing on this rank is filled in (some rank
+used the parameter) or left ``None`` (no rank did). The flags are written on the device, so
+packing never copies host data in; only a rank that lacks a gradient reads them back.
 
 Two options trade generality for speed:
 
@@ -17,6 +18,8 @@ Two options trade generality for speed:
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -50,11 +53,13 @@ class FlatGradBuffer:
         self.data = torch.zeros(
             self.grad_numel + len(params), dtype=self.comm_dtype, device=params[0].device
         )
+        self.flags = self.data[self.grad_numel :]
         self._slots = list(torch.split(self.data[: self.grad_numel], self.numels))
         self._index = {id(p): i for i, p in enumerate(params)}
-        # Pre-divide when summing in the parameters' own dtype, as torch's DDP does: it keeps
-        # low-precision sums in range. With a narrower comm dtype, divide after, in full width.
-        self._pre_divide = self.comm_dtype == param_dtype
+        # Average inside the collective when it runs in the parameters' own dtype, as torch's
+        # DDP does; with a narrower comm dtype, sum there and divide after, in full width.
+        self.averaged_in_comm = self.comm_dtype == param_dtype
+        self.missing: list[int] = []  # set by pack(): positions with no local gradient
 
     @property
     def payload_bytes(self) -> int:
@@ -73,38 +78,53 @@ class FlatGradBuffer:
         self._slots[i].copy_(param.grad.reshape(-1))
         param.grad = self._slots[i].view_as(param)
 
-    def pack(self, world_size: int) -> None:
+    def pack(self) -> None:
         """Bring every local gradient into the buffer (zeros where missing) and set the flags."""
-        flags = []
+        missing = []
         for i, (param, slot) in enumerate(zip(self.params, self._slots)):
             if param.grad is None:
                 slot.zero_()
-                flags.append(0.0)
-                continue
-            flags.append(1.0)
-            if self._is_view(i):
-                continue
-            slot.copy_(param.grad.reshape(-1))
-            if self.grad_views:
-                param.grad = slot.view_as(param)
-        if self._pre_divide:
-            self.data[: self.grad_numel].div_(world_size)
-        self.data[self.grad_numel :].copy_(torch.tensor(flags, dtype=self.comm_dtype))
+                missing.append(i)
+            elif not self._is_view(i):
+                slot.copy_(param.grad.reshape(-1))
+                if self.grad_views:
+                    param.grad = slot.view_as(param)
+        self.flags.fill_(1)
+        for i in missing:
+            self.flags[i].fill_(0)
+        self.missing = missing
 
-    def unpack(self, world_size: int) -> None:
-        """Write the averaged gradients back; leave ``None`` those that no rank produced."""
-        ranks_with_grad = self.data[self.grad_numel :].tolist()
-        for i, (param, slot, count) in enumerate(zip(self.params, self._slots, ranks_with_grad)):
-            if count == 0:
+    def unpack(self, world_size: int, missing_flags: Sequence[float] = ()) -> None:
+        """Write the averaged gradients back; leave ``None`` those that no rank produced.
+
+        ``missing_flags`` are the reduced flags at :attr:`missing` (see :func:`read_missing_flags`).
+        """
+        if len(missing_flags) != len(self.missing):
+            raise ValueError(f"expected {len(self.missing)} flags, one per missing gradient, got {len(missing_flags)}")
+        if self.grad_views and not self.missing:
+            return  # pack() made every gradient a view of the reduced buffer
+        unused = {i for i, flag in zip(self.missing, missing_flags) if flag == 0}
+        for i, (param, slot) in enumerate(zip(self.params, self._slots)):
+            if i in unused:
                 continue
             if self.grad_views:
                 if not self._is_view(i):
                     param.grad = slot.view_as(param)
                 continue
             reduced = slot.view_as(param)
-            if not self._pre_divide:
+            if not self.averaged_in_comm:
                 reduced = reduced.to(param.dtype) / world_size
             if param.grad is None:
                 param.grad = reduced.to(param.dtype, copy=True)
             else:
                 param.grad.copy_(reduced)
+
+
+def read_missing_flags(buffers: Sequence[FlatGradBuffer]) -> list[list[float]]:
+    """Each buffer's reduced flags at its missing positions, in one host-device wait for all
+    buffers together, and in none when no buffer lacks a gradient (the usual step)."""
+    needy = [b for b in buffers if b.missing]
+    if not needy:
+        return [[] for _ in buffers]
+    values = iter(torch.stack([b.flags[i] for b in needy for i in b.missing]).tolist())
+    return [[next(values) for _ in b.missing] for b in buffers]

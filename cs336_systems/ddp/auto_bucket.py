@@ -16,10 +16,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from cs336_systems.overhead_model import fit_latency_bandwidth, optimal_bucket_bytes
+from cs336_systems.comm.timing import slowest_rank, sync_device
+from cs336_systems.ddp.overhead_model import fit_latency_bandwidth, optimal_bucket_bytes
+from cs336_systems.units import KB, MB
 
 # Small enough to cost milliseconds on gloo, large enough that the bandwidth term shows.
-CALIBRATION_PAYLOAD_BYTES = (64 * 2**10, 512 * 2**10, 4 * 2**20)
+CALIBRATION_PAYLOAD_BYTES = (64 * KB, 512 * KB, 4 * MB)
 CALIBRATION_ITERS = 5
 
 
@@ -32,11 +34,6 @@ class AllReduceCalibration:
     r2: float  # quality of the linear fit
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def calibrate_allreduce(device: torch.device, group: dist.ProcessGroup | None = None) -> AllReduceCalibration:
     medians = []
     for nbytes in CALIBRATION_PAYLOAD_BYTES:
@@ -44,15 +41,13 @@ def calibrate_allreduce(device: torch.device, group: dist.ProcessGroup | None = 
         dist.all_reduce(payload, group=group)  # warm-up: connection set-up, allocation
         times = []
         for _ in range(CALIBRATION_ITERS):
-            _sync(device)
+            sync_device(device)
             start = time.perf_counter()
             dist.all_reduce(payload, group=group)
-            _sync(device)
+            sync_device(device)
             times.append(time.perf_counter() - start)
         medians.append(statistics.median(times))
-    slowest = torch.tensor(medians, dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-    seconds = tuple(slowest.tolist())
+    seconds = tuple(slowest_rank(medians, device, group))
     try:
         o, w, r2 = fit_latency_bandwidth(CALIBRATION_PAYLOAD_BYTES, seconds)
     except ValueError:  # time did not grow with the payload: noise swamped the signal

@@ -1,0 +1,1 @@
+"""Collective helpers that more than one technique uses (DDP, the sharded optimizer, FSDP)."""

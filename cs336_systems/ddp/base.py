@@ -1,0 +1,179 @@
+"""What every DDP variant shares: construction, the forward pass, buffers, ``no_sync``, unused parameters.
+
+Data parallelism keeps one full replica of the model per rank, gives each rank a different
+shard of the batch, and averages gradients across ranks before the optimizer step, so every
+replica takes the same step as single-process training on the whole batch would.
+
+At construction every variant
+
+* checks its arguments before issuing any collective (a bad call fails on its own rank with a
+  ValueError or TypeError instead of leaving the other ranks blocked in a broadcast);
+* broadcasts rank 0's parameters *and buffers*, so replicas start identical even when ranks
+  were seeded differently;
+* lists the parameters it synchronises: ``module.parameters()`` already yields a tied weight
+  once (so it is reduced once), and frozen parameters (``requires_grad=False``) get no
+  gradient, so they are skipped.
+
+Buffers (BatchNorm's running statistics, say) are not gradients: each rank updates its own in
+forward. As torch's DDP does with its default ``broadcast_buffers=True``, rank 0's buffers are
+broadcast at the start of a forward, so every rank computes with rank 0's; like torch, this is
+skipped for the forward that follows a forward run under ``no_sync()`` or without grad
+(``torch.nn.parallel.DistributedDataParallel._pre_forward``), and when there are no buffers.
+
+Unused parameters: a parameter may get no gradient on some ranks (a branch not taken for this
+rank's data). Single-process training on the whole batch would give it the gradient of the
+ranks that did use it, and leave it ``None`` only if no rank did (optimizers skip ``None``
+gradients, so a zero gradient would wrongly apply weight decay). Each variant therefore
+learns, with the same communication on every rank, how many ranks produced each gradient:
+missing local gradients count as zeros, and a gradient stays ``None`` only where that count
+is zero everywhere. Only a rank that lacks some gradient needs to read that count, so a step
+in which every rank has every gradient never waits for the device.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cs336_systems.comm.coalesced import broadcast_coalesced
+from cs336_systems.ddp.mean_all_reduce import MeanAllReduce
+
+
+def check_module(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters of the module to wrap; TypeError, ValueError or RuntimeError if it cannot be."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"expected an nn.Module to wrap, got {type(module).__name__}")
+    params = list(module.parameters())
+    if not params:
+        raise ValueError(
+            f"{type(module).__name__} has no parameters: there is nothing to keep in sync"
+        )
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "the default process group is not initialised: call "
+            "cs336_systems.launch.init_from_env() (or launch()) before wrapping a model"
+        )
+    return params
+
+
+class UsageCount:
+    """Per synchronised parameter, how many ranks produced its gradient this step.
+
+    The counts live in one device tensor, filled on the device (no host data is copied in)
+    and all-reduced asynchronously; reading them back is the only host-device wait, and only
+    a rank with a missing gradient needs to.
+    """
+
+    def __init__(self, params: Sequence[nn.Parameter], comm: MeanAllReduce):
+        # float32: the counts are small integers, exact in it, and every backend reduces it.
+        self.counts = torch.zeros(len(params), dtype=torch.float32, device=params[0].device)
+        self.comm = comm
+        self.work: dist.Work | None = None
+
+    def start(self, missing: Sequence[int]) -> None:
+        """Launch the all-reduce; ``missing`` are the indices with no local gradient."""
+        self.counts.fill_(1.0)
+        for i in missing:
+            self.counts[i].fill_(0.0)
+        self.work = self.comm.sum(self.counts, async_op=True)
+
+    def wait(self) -> None:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+
+    def read(self, indices: Sequence[int]) -> list[float]:
+        """The counts at ``indices`` (waits for the all-reduce, then for the device: once)."""
+        self.wait()
+        if not indices:
+            return []
+        return torch.stack([self.counts[i] for i in indices]).tolist()
+
+
+class DataParallel(nn.Module):
+    """Base of the DDP variants: wraps ``module`` (kept as ``.module``) and keeps replicas equal.
+
+    Subclasses implement :meth:`finish_gradient_synchronization`, called after ``backward()``
+    and before ``optimizer.step()``.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        process_group: dist.ProcessGroup | None = None,
+        *,
+        broadcast_buffers: bool = True,
+    ):
+        params = check_module(module)
+        if not isinstance(broadcast_buffers, bool):
+            raise TypeError(f"broadcast_buffers must be True or False, got {broadcast_buffers!r}")
+        super().__init__()
+        self.module = module
+        self.process_group = process_group
+        self.comm = MeanAllReduce(process_group)
+        self.world_size = self.comm.world_size
+        self.rank = dist.get_rank(process_group)
+        self.broadcast_buffers = broadcast_buffers
+        # Parameters that receive gradients, in registration order, each once.
+        self.synced_params: list[nn.Parameter] = [p for p in params if p.requires_grad]
+        if not self.synced_params:
+            raise ValueError(
+                f"{type(module).__name__} has no parameter with requires_grad=True: "
+                "there is no gradient to synchronise"
+            )
+        # Set by no_sync(); read at forward time, as torch's DDP does, so that a forward run
+        # inside no_sync() marks its backward as local-only wherever backward() is called.
+        self.require_backward_grad_sync = True
+        self._sync_this_backward = True
+        # torch's DDP calls this require_forward_param_sync: whether the last forward was a
+        # synchronised one with grad, which is when the next forward broadcasts buffers.
+        self._buffers_stale = True
+        self.allreduce_calls_last_step = 0
+        self._src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
+        broadcast_coalesced(list(module.parameters()) + list(module.buffers()), src=self._src, group=process_group)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._before_forward()
+        if self.broadcast_buffers and self._buffers_stale:
+            self._broadcast_buffers()
+        self._sync_this_backward = self.require_backward_grad_sync
+        output = self.module(*args, **kwargs)
+        self._buffers_stale = torch.is_grad_enabled() and self.require_backward_grad_sync
+        return output
+
+    def _broadcast_buffers(self) -> None:
+        buffers = list(self.module.buffers())  # listed anew: a module may reassign a buffer
+        if buffers:
+            with torch.no_grad():
+                broadcast_coalesced(buffers, src=self._src, group=self.process_group)
+
+    def detach(self) -> None:
+        """Stop acting on the module's backward passes (other wrappers may take over)."""
+
+    def _before_forward(self) -> None:
+        """Hook for subclasses that must check or reset per-step state."""
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally: backward passes of forwards run inside this context
+        skip communication; the first synchronised step afterwards reduces the sum."""
+        previous = self.require_backward_grad_sync
+        self.require_backward_grad_sync = False
+        try:
+            yield
+        finally:
+            self.require_backward_grad_sync = previous
+
+    def finish_gradient_synchronization(self) -> None:
+        raise NotImplementedError
+
+    def on_train_batch_start(self) -> None:
+        """Called at the start of a training step; variants with per-step state reset it."""
+
+    def _missing_grads(self) -> list[int]:
+        """Indices into ``synced_params`` of the parameters with no local gradient."""
+        return [i for i, p in enumerate(self.synced_params) if p.grad is None]

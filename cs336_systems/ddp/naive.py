@@ -1,0 +1,39 @@
+"""Naive DDP (problem 2): after backward, all-reduce every gradient, one call per parameter.
+
+The simplest correct data parallelism and the baseline the other variants improve on: it
+pays one collective's fixed cost per parameter tensor and overlaps nothing with backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cs336_systems.ddp.base import DataParallel, UsageCount
+
+
+class NaiveDDP(DataParallel):
+    """Call :meth:`finish_gradient_synchronization` after ``backward()``, before the step."""
+
+    def __init__(self, module: torch.nn.Module, process_group=None, *, broadcast_buffers: bool = True):
+        super().__init__(module, process_group, broadcast_buffers=broadcast_buffers)
+        self._usage = UsageCount(self.synced_params, self.comm)
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_this_backward:
+            return
+        # One small collective first, so that a parameter no rank used is skipped on every
+        # rank alike, and one used by some ranks only is still reduced everywhere. A rank that
+        # has every gradient knows every count is >= 1 without reading it.
+        missing = self._missing_grads()
+        self._usage.start(missing)
+        unused = {i for i, count in zip(missing, self._usage.read(missing)) if count == 0}
+        calls = 1
+        for i, param in enumerate(self.synced_params):
+            if i in unused:
+                continue
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            self.comm.mean(param.grad)
+            calls += 1
+        self._usage.wait()
+        self.allreduce_calls_last_step = calls
