@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from cs336_systems.process_group import RankContext, run_ranks, running_under_launcher
+from cs336_systems.launch import RankContext, run_ranks, running_under_launcher
 
 MB = 2**20  # bytes; the repo's "MB", as in torch DDP's bucket_cap_mb
 GB_PER_S = 1e9  # bytes per second in one GB/s (nccl-tests' unit)

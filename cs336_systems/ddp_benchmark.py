@@ -40,8 +40,8 @@ from torch.nn.parallel import DistributedDataParallel
 from cs336_systems.ddp import BucketedDDP, DataParallel, FlatDDP, NaiveDDP, PerParameterDDP
 from cs336_systems.equivalence import shard_rows
 from cs336_systems.model import TransformerLM, model_config
-from cs336_systems.paired_stats import paired_median
-from cs336_systems.process_group import RankContext, run_ranks
+from cs336_systems.bench.stats import paired_median
+from cs336_systems.launch import RankContext, run_ranks
 
 COMPUTE_ONLY = "compute-only"
 TORCH_DDP = "torch-ddp"

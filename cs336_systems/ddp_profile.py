@@ -47,7 +47,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from cs336_systems.ddp import DataParallel, NaiveDDP, PerParameterDDP
 from cs336_systems.equivalence import shard_rows
 from cs336_systems.model import TransformerLM, model_config
-from cs336_systems.process_group import RankContext, run_ranks
+from cs336_systems.launch import RankContext, run_ranks
 
 VARIANTS: dict[str, type[DataParallel]] = {"naive": NaiveDDP, "per-parameter": PerParameterDDP}
 STEP_RANGE = "train_step"

@@ -58,7 +58,7 @@ from cs336_systems.doctor_findings import (  # noqa: F401  (re-exported: the doc
 )
 from cs336_systems.model import MODEL_SIZES, TransformerLM, count_parameters, model_config
 from cs336_systems.ddp.overhead_model import fit_latency_bandwidth, optimal_bucket_bytes
-from cs336_systems.process_group import RankContext, check_devices, run_ranks, running_under_launcher
+from cs336_systems.launch import RankContext, check_devices, run_ranks, running_under_launcher
 
 
 UNSEEDED = "unseeded-no-broadcast"  # each rank seeds differently; the raw model trains unwrapped

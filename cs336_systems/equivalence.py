@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cs336_systems.ddp import FlatDDP, NaiveDDP
-from cs336_systems.process_group import RankContext, run_ranks
+from cs336_systems.launch import RankContext, run_ranks
 
 VARIANTS = {"naive": NaiveDDP, "flat": FlatDDP}
 

@@ -136,7 +136,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError(
                 "the default process group is not initialised: call "
-                "cs336_systems.process_group.init_from_env() (or launch()) before building a "
+                "cs336_systems.launch.init_from_env() (or launch()) before building a "
                 "ShardedOptimizer"
             )
         self.rank = dist.get_rank()

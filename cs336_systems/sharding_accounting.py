@@ -69,7 +69,7 @@ from torch import nn
 
 from cs336_systems.model import TransformerLM, model_config
 from cs336_systems.ddp import NaiveDDP
-from cs336_systems.process_group import RankContext, run_ranks, running_under_launcher
+from cs336_systems.launch import RankContext, run_ranks, running_under_launcher
 from cs336_systems.sharded_optimizer import ShardedOptimizer
 
 CONFIGURATIONS = ("unsharded", "sharded")

@@ -33,7 +33,7 @@ from cs336_systems.allreduce_benchmark import (
     MB,
     run_allreduce_benchmark,
 )
-from cs336_systems.process_group import running_under_launcher
+from cs336_systems.launch import running_under_launcher
 from cs336_systems.run_metadata import collect_environment, results_dir, write_results
 
 

@@ -29,7 +29,7 @@ from cs336_systems.ddp_benchmark import (
     run_step_benchmark,
     setting_record,
 )
-from cs336_systems.process_group import running_under_launcher
+from cs336_systems.launch import running_under_launcher
 from cs336_systems.run_metadata import collect_environment, results_dir, write_results
 
 

@@ -25,7 +25,7 @@ import argparse
 import os
 import sys
 
-from cs336_systems.process_group import running_under_launcher
+from cs336_systems.launch import running_under_launcher
 from cs336_systems.run_metadata import collect_environment, results_dir, write_results
 from cs336_systems.sharding_accounting import (
     PHASES,

@@ -36,7 +36,7 @@ from cs336_systems.doctor import (
     validate_options,
     write_report,
 )
-from cs336_systems.process_group import running_under_launcher
+from cs336_systems.launch import running_under_launcher
 
 
 def parse_args(argv: list[str] | None) -> DoctorOptions | argparse.Namespace:

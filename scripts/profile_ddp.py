@@ -32,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from cs336_systems.ddp_profile import ProfileSetting, profile_ranks, render_timelines
-from cs336_systems.process_group import running_under_launcher
+from cs336_systems.launch import running_under_launcher
 from cs336_systems.run_metadata import collect_environment, results_dir, write_results
 
 

@@ -1,7 +1,7 @@
 """Submit one of this repo's scripts to SLURM as a multi-rank job (via submitit), and wait for it.
 
 Every task runs the script as one rank, with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT set as torchrun would (see cs336_systems/slurm_launch.py). The
+MASTER_ADDR and MASTER_PORT set as torchrun would (see cs336_systems/launch/slurm.py). The
 script's own arguments follow ``--``.
 
     # 2 nodes x 4 GPUs = 8 ranks, NCCL
@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cs336_systems.slurm_launch import SlurmJobSpec, log_paths, submit_script, wait_for_exit_codes
+from cs336_systems.launch.slurm import SlurmJobSpec, log_paths, submit_script, wait_for_exit_codes
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

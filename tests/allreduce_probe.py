@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from cs336_systems.process_group import RankContext, run_ranks
+from cs336_systems.launch import RankContext, run_ranks
 
 
 def _report(ctx: RankContext, out_dir: str) -> None:

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from cs336_systems.process_group import find_free_port
+from cs336_systems.launch import find_free_port
 from tests.grading import GradeReport
 
 

@@ -16,7 +16,7 @@ from torch import nn
 
 import adapters
 from cs336_systems.ddp import BucketedDDP
-from cs336_systems.process_group import RankContext
+from cs336_systems.launch import RankContext
 
 BATCH = 12  # divisible by world sizes 2 and 3
 IN_FEATURES = 8

@@ -26,7 +26,7 @@ from cs336_systems.allreduce_benchmark import (
     run_allreduce_benchmark,
     summarize_times,
 )
-from cs336_systems.process_group import RankContext, launch
+from cs336_systems.launch import RankContext, launch
 from cs336_systems.run_metadata import collect_environment, machine_tag, read_results, write_results
 
 pytestmark = pytest.mark.problem("distributed_communication_single_node")

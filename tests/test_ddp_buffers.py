@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from cs336_systems.ddp import VARIANTS
-from cs336_systems.process_group import RankContext, launch
+from cs336_systems.launch import RankContext, launch
 
 pytestmark = pytest.mark.problem("beyond")
 WORLD_SIZE = 2

@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cs336_systems.process_group import launch
+from cs336_systems.launch import launch
 from tests.ddp_cases import Case, run_ddp_cases, run_single_process
 
 VARIANT_PROBLEM = {

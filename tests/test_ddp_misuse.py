@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import adapters
-from cs336_systems.process_group import RankContext, RankFailedError, launch
+from cs336_systems.launch import RankContext, RankFailedError, launch
 from tests.common import ToyModel
 
 pytestmark = pytest.mark.problem("ddp_overlap_bucketed")

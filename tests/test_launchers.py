@@ -23,8 +23,8 @@ import pytest
 
 from tests.scripts_runner import run_script
 
-from cs336_systems.process_group import find_free_port
-from cs336_systems.slurm_launch import (
+from cs336_systems.launch import find_free_port
+from cs336_systems.launch.slurm import (
     PORT_RANGE,
     SlurmJobSpec,
     master_port_for_job,
@@ -108,7 +108,7 @@ def test_master_port_is_deterministic_and_unprivileged():
     per-process string-hash salt (PYTHONHASHSEED)."""
     ports = [master_port_for_job(str(job)) for job in range(1000, 1200)]
     code = (
-        "from cs336_systems.slurm_launch import master_port_for_job as f; "
+        "from cs336_systems.launch.slurm import master_port_for_job as f; "
         "print([f(str(j)) for j in range(1000, 1200)])"
     )
     other = subprocess.run(

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from cs336_systems.paired_stats import median_interval, paired_differences, paired_median
+from cs336_systems.bench.stats import median_interval, paired_differences, paired_median
 
 pytestmark = pytest.mark.problem("ddp_bucketed_benchmarking")
 

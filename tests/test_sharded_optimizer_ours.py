@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from cs336_systems.process_group import RankContext, launch
+from cs336_systems.launch import RankContext, launch
 from cs336_systems.sharded_optimizer import MB, ShardedOptimizer, assign_to_ranks
 from tests.ddp_cases import IN_FEATURES, OUT_FEATURES, EdgeCaseModel
 

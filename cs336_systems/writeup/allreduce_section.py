@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 from cs336_systems.writeup import fmt
-from cs336_systems.writeup.analysis import CommGroup, Record, comm_groups, saturation_point
+from cs336_systems.writeup.allreduce_analysis import CommGroup, Record, comm_groups, saturation_point
 from cs336_systems.writeup.context import RenderContext, Section
 from cs336_systems.writeup.coverage import not_measured_notes
-from cs336_systems.writeup.figures import allreduce_figure
+from cs336_systems.writeup.allreduce_figure import allreduce_figure
 from cs336_systems.writeup.load import MachineResults, ResultsFile
 
 BENCHMARK = "allreduce"
 SATURATION = 0.9  # "saturated": busbw within 10% of the largest busbw measured for that line
-
-
-def run_heading(machine: MachineResults, results: ResultsFile, benchmark: str) -> str:
-    """``### `tag` `` or, when a machine has several runs of a benchmark, the file too."""
-    extra = "" if results.name == benchmark else f" · `{results.path.name}`"
-    return f"### Machine `{machine.tag}`{extra}"
 
 
 def _device_label(record: Record) -> str:
@@ -141,7 +135,7 @@ def allreduce_section(ctx: RenderContext) -> Section:
         shared = [bool(r.get("shared_gpu")) for r in records]
         if any(shared) and not all(shared):
             parts.append("rows marked so: gloo ranks sharing one GPU")
-        out += ["", run_heading(machine, results, BENCHMARK), "",
+        out += ["", fmt.run_heading(machine, results), "",
                 fmt.setting_line(meta, results.source, parts=parts, shared_gpu=all(shared) and bool(shared)), "",
                 allreduce_table(records)]
         groups = comm_groups(records)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cs336_systems.writeup.analysis import is_measured
-from cs336_systems.writeup.load import WriteupInputs
+from cs336_systems.writeup.load import ResultsFile, WriteupInputs
 
 
 @dataclass(frozen=True)
@@ -30,31 +29,25 @@ SETTINGS = (CPU, GPU)
 PROFILE_COMMANDS = {CPU: CPU.command, GPU: GPU.command}
 
 
-def ddp_run_setting(meta: dict) -> tuple[str, str]:
-    """(backend, device type) of a DDP step or profile run, from its meta."""
-    setting = meta.get("setting") or {}
-    device = setting.get("device_type") or meta.get("device_type") or "cpu"
-    backend = meta.get("backend") or setting.get("backend") or ("nccl" if device == "cuda" else "gloo")
-    return backend, device
+def run_setting(results: ResultsFile) -> set[tuple[str, str]]:
+    """(backend, device type) pairs a results file measured (a grid may hold several backends)."""
+    env = results.environment
+    return {(backend, env.device_type) for backend in env.backend.split(",")}
 
 
-def measured_settings(inputs: WriteupInputs, benchmark: str) -> set[tuple[str, str]]:
-    """(backend, device type) pairs with at least one measured record of ``benchmark``."""
-    if benchmark == "profile":
-        return {ddp_run_setting(m.profile.meta) for m in inputs.machines if m.profile and m.profile.records}
+def measured_settings(inputs: WriteupInputs, kind: str) -> set[tuple[str, str]]:
+    """(backend, device type) pairs with at least one results file of ``kind``."""
     found: set[tuple[str, str]] = set()
-    for _, results in inputs.runs(benchmark):
-        if benchmark == "allreduce":
-            found |= {(r["backend"], r.get("device_type", "cpu")) for r in results.records if is_measured(r)}
-        elif results.records:
-            found.add(ddp_run_setting(results.meta))
+    for _, results in inputs.runs(kind):
+        if results.records:
+            found |= run_setting(results)
     return found
 
 
 def not_measured_notes(inputs: WriteupInputs, benchmark: str, what: str) -> str:
     """Markdown bullets for each standard setting with no results of ``benchmark``; "" if none missing.
 
-    ``benchmark`` is a results file stem ("allreduce", "ddp_step") or "profile".
+    ``benchmark`` is a results kind ("allreduce", "ddp_step", "profile", ...).
     """
     found = measured_settings(inputs, benchmark)
     commands = PROFILE_COMMANDS if benchmark == "profile" else {s: s.command for s in SETTINGS}

@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from cs336_systems.writeup import fmt
-from cs336_systems.writeup.allreduce_section import run_heading
-from cs336_systems.writeup.analysis import Record, bucket_sweep, by_variant, comm_share
+from cs336_systems.writeup.ddp_analysis import Record, bucket_sweep, by_variant, comm_share
 from cs336_systems.writeup.context import RenderContext, Section
-from cs336_systems.writeup.coverage import CPU, ddp_run_setting, not_measured_notes
-from cs336_systems.writeup.figures import bucket_sweep_figure, step_time_figure
+from cs336_systems.writeup.coverage import CPU, not_measured_notes, run_setting
+from cs336_systems.writeup.ddp_figures import bucket_sweep_figure, step_time_figure
 from cs336_systems.writeup.load import MachineResults, ResultsFile
 
 BENCHMARK = "ddp_step"
@@ -95,7 +94,7 @@ def _ddp_section(ctx: RenderContext, heading: str, intro: str, body: RunBody) ->
     figures = []
     for machine, results in ctx.inputs.runs(BENCHMARK):
         text, figs = body(machine, results)
-        out += ["", run_heading(machine, results, BENCHMARK), "", ddp_setting_line(results), "", text]
+        out += ["", fmt.run_heading(machine, results), "", ddp_setting_line(results), "", text]
         figures += figs
     notes = not_measured_notes(ctx.inputs, BENCHMARK, "DDP step benchmark")
     if notes:
@@ -139,7 +138,7 @@ def naive_ddp_section(ctx: RenderContext) -> Section:
             )
         backend = results.meta.get("backend", "gloo")
         parts = [f"backend {backend}", f"world size {results.meta.get('world_size', '?')}"]
-        out += ["", run_heading(machine, results, "naive_ddp"), "",
+        out += ["", fmt.run_heading(machine, results), "",
                 fmt.setting_line(results.meta, results.source, parts=parts), "", table, "", " ".join(sentences)]
     if not runs:
         out += ["", f"- Not measured here; `{CPU.command}` ({CPU.where}) fills it."]

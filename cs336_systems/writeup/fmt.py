@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Sequence
 
-MB = 2**20
+from cs336_systems.results.environment import Environment
+from cs336_systems.units import MB
+
 GB = 1e9
 SCIENTIFIC_BELOW, SCIENTIFIC_FROM = 1e-4, 1e7  # outside this range, plain notation gets unreadable
 
@@ -118,30 +120,32 @@ def _row(cells: Iterable[str]) -> str:
     return "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
 
 
-def hardware(meta: dict, device_type: str | None) -> str:
+def hardware(env: Environment, device_type: str | None = None) -> str:
     """What the numbers ran on: the GPU for CUDA runs, else the CPU and its logical cores."""
-    if device_type == "cuda" and meta.get("gpu_name"):
-        count = meta.get("gpu_count")
-        return f"{count}× {meta['gpu_name']}" if count else str(meta["gpu_name"])
-    cores = meta.get("cpu_count")
-    cpu = meta.get("cpu_model") or "unknown CPU"
-    return f"{cpu} ({cores} logical cores)" if cores else cpu
+    device_type = device_type or env.device_type
+    if device_type == "cuda" and env.gpu_name:
+        return f"{env.gpu_count}× {env.gpu_name}" if env.gpu_count else env.gpu_name
+    cpu = env.cpu_model or "unknown CPU"
+    return f"{cpu} ({env.cpu_count} logical cores)" if env.cpu_count else cpu
 
 
-def commit(meta: dict) -> str:
+def commit(env: Environment) -> str:
     """Short commit hash, flagged when the working tree had uncommitted changes."""
-    full = meta.get("git_commit")
-    if not full:
-        return "commit unknown"
-    return f"commit {full[:7]}" + (" + uncommitted changes" if meta.get("git_dirty") else "")
+    if not env.git_commit:
+        return "commit unknown (not run from a git checkout)"
+    return f"commit {env.git_commit[:7]}" + (" + uncommitted changes" if env.git_dirty else "")
 
 
-def setting_line(meta: dict, source: str, *, device_type: str | None = None, parts: Sequence[str] = (),
-                 shared_gpu: bool = False) -> str:
+def setting_line(env: Environment, source: str, *, device_type: str | None = None, parts: Sequence[str] = ()) -> str:
     """One italic line naming everything a table's numbers depend on, and their file."""
-    device_type = device_type or meta.get("device_type")
-    items = [hardware(meta, device_type), *parts]
-    if shared_gpu:
-        items.append("gloo ranks sharing one GPU")
-    items += [f"torch {meta.get('torch_version', 'unknown')}", commit(meta), f"from `{source}`"]
+    items = [hardware(env, device_type), *parts]
+    if env.shared_gpu:
+        items.append("gloo ranks taking turns on one GPU")
+    items += [f"torch {env.torch_version}", commit(env), f"from `{source}`"]
     return "*Setting: " + " · ".join(items) + ".*"
+
+
+def run_heading(machine: Any, results: Any) -> str:
+    """``### Machine `tag` `` and, when the file is not its kind's default one, the file too."""
+    extra = "" if results.name == results.kind else f" · `{results.path.name}`"
+    return f"### Machine `{machine.tag}`{extra}"

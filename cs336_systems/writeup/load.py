@@ -1,38 +1,63 @@
 """Finding and reading the results the writeup is built from.
 
-Layout (written by the benchmark scripts through ``cs336_systems.run_metadata``)::
+Layout (see :mod:`cs336_systems.results.paths`)::
 
-    <results root>/<machine tag>/<benchmark>.json          {"meta": {...}, "records": [...]}
-    <results root>/<machine tag>/profile/profile.json      the profiler's findings
-    <results root>/<machine tag>/profile/timeline_*.png    the profiler's timelines
+    <results root>/<machine tag>/<kind>[-<run>].json     typed results files (results.files)
+    <results root>/<machine tag>/profile/profile.json    the profiler's timelines, as intervals
+    <results root>/<machine tag>/profile/trace_*.json*   the profiler's raw Chrome traces
 
-A benchmark may have several files, e.g. ``ddp_step.json`` and ``ddp_step-xl.json``; they are
+A kind may have several files, e.g. ``ddp_step.json`` and ``ddp_step-ablation.json``; they are
 its runs, in sorted order. Folders whose name starts with ``quick`` hold smoke runs and are
-skipped unless asked for by name; a JSON file that is not a results file is set aside and
-named in the writeup rather than failing it. Everything is read in sorted order, so the same files always
-give the same writeup.
+skipped unless asked for by name. A file that cannot be read (truncated, another schema
+version, not a results file) is set aside and named in the writeup, which goes on with the
+rest. Everything is read in sorted order, so the same files always give the same writeup.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-SMOKE_PREFIX = "quick"  # results folders named quick* hold smoke runs, not results
-PROFILE_DIR = "profile"
+from cs336_systems.results.environment import Environment
+from cs336_systems.results.files import ResultsError
+from cs336_systems.results.files import ResultsFile as StoredResults
+from cs336_systems.results.kinds import read_any
+from cs336_systems.results.paths import PROFILE_DIR, SMOKE_PREFIX
 
 
 @dataclass(frozen=True)
 class ResultsFile:
-    """One results file: its name, where it is, and its content."""
+    """One results file as the writeup sees it: its name, where it is shown from, its content."""
 
-    name: str  # file stem, e.g. "ddp_step"
-    path: Path
+    name: str  # file stem, e.g. "ddp_step-ablation"
     source: str  # the path shown to readers: "<machine tag>/<file name>"
-    meta: dict[str, Any]
-    records: list[dict[str, Any]]
+    stored: StoredResults
+
+    @property
+    def kind(self) -> str:
+        return self.stored.kind
+
+    @property
+    def records(self) -> list[Any]:
+        return self.stored.records
+
+    @property
+    def environment(self) -> Environment:
+        return self.stored.environment
+
+    @property
+    def setting(self) -> dict[str, Any]:
+        return self.stored.setting
+
+    @property
+    def notes(self) -> dict[str, Any]:
+        return self.stored.notes
+
+    @property
+    def path(self) -> Path:
+        assert self.stored.path is not None
+        return self.stored.path
 
 
 @dataclass
@@ -42,14 +67,11 @@ class MachineResults:
     tag: str
     folder: Path
     files: dict[str, ResultsFile] = field(default_factory=dict)  # by stem, sorted
-    profile: ResultsFile | None = None  # profile/profile.json
-    profile_images: dict[str, Path] = field(default_factory=dict)  # stem -> PNG, sorted
     unreadable: dict[str, str] = field(default_factory=dict)  # file name -> why it was set aside
 
-    def runs(self, benchmark: str) -> list[ResultsFile]:
-        """Files of one benchmark: ``<benchmark>.json`` and ``<benchmark>[-_]<anything>.json``."""
-        prefixes = (benchmark + "-", benchmark + "_")
-        return [f for name, f in self.files.items() if name == benchmark or name.startswith(prefixes)]
+    def runs(self, kind: str) -> list[ResultsFile]:
+        """Files of one kind, in name order."""
+        return [f for f in self.files.values() if f.kind == kind]
 
     def get(self, name: str) -> ResultsFile | None:
         return self.files.get(name)
@@ -62,9 +84,9 @@ class WriteupInputs:
     results_root: Path
     machines: list[MachineResults]
 
-    def runs(self, benchmark: str) -> list[tuple[MachineResults, ResultsFile]]:
-        """Every (machine, file) pair of one benchmark, machines in tag order."""
-        return [(m, f) for m in self.machines for f in m.runs(benchmark)]
+    def runs(self, kind: str) -> list[tuple[MachineResults, ResultsFile]]:
+        """Every (machine, file) pair of one kind, machines in tag order."""
+        return [(m, f) for m in self.machines for f in m.runs(kind)]
 
 
 def machine_tags(results_root: Path, include_tags: Iterable[str] = ()) -> list[str]:
@@ -79,37 +101,18 @@ def machine_tags(results_root: Path, include_tags: Iterable[str] = ()) -> list[s
     )
 
 
-def read_results_file(path: Path, source: str) -> ResultsFile:
-    """Parse one ``{"meta", "records"}`` file; errors name it by ``source`` (no machine-specific path)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"cannot read results file {source}: {e}") from e
-    if not isinstance(data, dict) or not isinstance(data.get("records"), list):
-        raise ValueError(f"{source} is not a results file: expected an object with a 'records' list")
-    meta = data.get("meta") if isinstance(data.get("meta"), dict) else {}
-    return ResultsFile(path.stem, path, source, meta, data["records"])
-
-
 def load_machine(folder: Path) -> MachineResults:
     """Read every results file of one machine folder (and its profile/ subfolder)."""
     tag = folder.name
     machine = MachineResults(tag, folder)
-    for path in sorted(folder.glob("*.json")):
+    paths = sorted(folder.glob("*.json")) + sorted((folder / PROFILE_DIR).glob("profile*.json"))
+    for path in paths:
+        name = path.relative_to(folder).as_posix()
+        source = f"{tag}/{name}"
         try:
-            machine.files[path.stem] = read_results_file(path, f"{tag}/{path.name}")
-        except ValueError as e:
-            machine.unreadable[path.name] = str(e)
-    profile_dir = folder / PROFILE_DIR
-    profile_json = profile_dir / "profile.json"
-    if profile_json.is_file():
-        name = f"{PROFILE_DIR}/profile.json"
-        try:
-            machine.profile = read_results_file(profile_json, f"{tag}/{name}")
-        except ValueError as e:
+            machine.files[name.removesuffix(".json")] = ResultsFile(path.stem, source, read_any(path, source))
+        except ResultsError as e:
             machine.unreadable[name] = str(e)
-    for png in sorted(profile_dir.glob("*.png")):
-        machine.profile_images[png.stem] = png
     return machine
 
 

@@ -7,23 +7,19 @@ The derivation is prose and algebra (no numbers); everything after it is compute
 from __future__ import annotations
 
 from cs336_systems.writeup import fmt
-from cs336_systems.writeup.allreduce_section import run_heading
-from cs336_systems.writeup.analysis import (
+from cs336_systems.writeup.allreduce_analysis import CommGroup, LinkFit, comm_groups, fit_group
+from cs336_systems.writeup.ddp_analysis import (
     FLOAT32_BYTES,
-    CommGroup,
-    LinkFit,
     OverheadPrediction,
     by_variant,
     bucket_sweep,
-    comm_groups,
-    fit_group,
     largest_parameter_bytes,
     predict_overhead,
 )
 from cs336_systems.writeup.context import RenderContext, Section
-from cs336_systems.writeup.coverage import CPU, GPU, ddp_run_setting, not_measured_notes
+from cs336_systems.writeup.coverage import CPU, GPU, not_measured_notes, run_setting
 from cs336_systems.writeup.ddp_sections import ddp_setting_line
-from cs336_systems.writeup.figures import overhead_model_figure
+from cs336_systems.writeup.ddp_figures import overhead_model_figure
 from cs336_systems.writeup.load import MachineResults, ResultsFile
 
 DERIVATION = r"""### Derivation
@@ -128,7 +124,7 @@ def _fit_part(ctx: RenderContext) -> list[str]:
     for machine, results in ctx.inputs.runs("allreduce"):
         groups = comm_groups(results.records)
         fits = {g: fit_group(rs) for g, rs in groups.items()}
-        out += ["", run_heading(machine, results, "allreduce").replace("###", "####"), "",
+        out += ["", fmt.run_heading(machine, results).replace("###", "####"), "",
                 fmt.setting_line(results.meta, results.source), "", _fit_table(groups, fits) if groups else
                 "No measured payloads to fit."]
     return out
@@ -222,7 +218,7 @@ def _prediction_part(ctx: RenderContext, machine: MachineResults, results: Resul
     backend, device = ddp_run_setting(meta)
     world_size = int(setting.get("world_size", meta.get("world_size", 0)))
     shared = bool(meta.get("shared_gpu"))
-    out = ["", run_heading(machine, results, "ddp_step").replace("###", "####"), "", ddp_setting_line(results)]
+    out = ["", fmt.run_heading(machine, results).replace("###", "####"), "", ddp_setting_line(results)]
     fit = _machine_fits(machine).get(CommGroup(backend, device, world_size, shared))
     if fit is None:
         command = GPU.command if device == "cuda" else CPU.command

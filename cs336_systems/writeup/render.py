@@ -1,6 +1,7 @@
 """Rendering the sections into ``README.md`` and the same content as ``writeup.ipynb``.
 
-Reproducible by construction: sections see results in sorted order, figures are saved without
+Written atomically (a temporary file renamed into place), so an interrupted render leaves the
+previous writeup whole. Reproducible by construction: sections see results in sorted order, figures are saved without
 metadata, stale figures are removed first, the notebook's cell ids are numbered
 ("cell-0001", ...) instead of random, and nothing records the time of rendering. The same
 results therefore give byte-identical files.
@@ -14,6 +15,7 @@ from typing import Iterable, Sequence
 
 import nbformat
 
+from cs336_systems.results.files import write_atomic
 from cs336_systems.writeup.context import RenderContext, Section, SectionFn
 from cs336_systems.writeup.load import load_results
 from cs336_systems.writeup.sections import SECTIONS
@@ -65,8 +67,8 @@ def render_writeup(
         raise RuntimeError(f"sections returned figures that were not written: {missing}")
     out_dir.mkdir(parents=True, exist_ok=True)
     readme = out_dir / README
-    readme.write_text("\n\n".join(s.markdown.strip() for s in rendered) + "\n")
+    write_atomic(readme, "\n\n".join(s.markdown.strip() for s in rendered) + "\n")
     notebook = out_dir / NOTEBOOK
     text = nbformat.writes(build_notebook(rendered))
-    notebook.write_text(text if text.endswith("\n") else text + "\n")
+    write_atomic(notebook, text if text.endswith("\n") else text + "\n")
     return RenderedWriteup(readme, notebook, figures)

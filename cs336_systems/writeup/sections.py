@@ -7,8 +7,8 @@ figures it wrote. To add one, e.g. for ``ablation.json``::
 
     def ablation_section(ctx: RenderContext) -> Section:
         out = ["## beyond: DDP ablation"]
-        for machine, results in ctx.inputs.runs("ablation"):
-            out += [f"### Machine `{machine.tag}`", fmt.setting_line(results.meta, results.source), ...]
+        for machine, results in ctx.inputs.runs("ddp_step"):
+            out += [f"### Machine `{machine.tag}`", fmt.setting_line(results.environment, results.source), ...]
         return Section("\\n\\n".join(out))
 
     SECTIONS.append(ablation_section)
@@ -18,8 +18,11 @@ from __future__ import annotations
 
 from cs336_systems.writeup import fmt
 from cs336_systems.writeup.allreduce_section import allreduce_section
-from cs336_systems.writeup.beyond_sections import BEYOND_SECTIONS
+from cs336_systems.writeup.ablation_section import ablation_section
+from cs336_systems.writeup.doctor_section import doctor_section
+from cs336_systems.writeup.sharding_section import sharding_accounting_section
 from cs336_systems.writeup.context import RenderContext, Section, SectionFn
+from cs336_systems.writeup.load import MachineResults
 from cs336_systems.writeup.ddp_sections import (
     all_variants_section,
     bucketed_benchmarking_section,
@@ -31,15 +34,12 @@ from cs336_systems.writeup.ddp_sections import (
 from cs336_systems.writeup.overhead_section import overhead_model_section
 
 
-def _machine_hardware(files: dict) -> str:
-    metas = [f.meta for f in files.values()]
-    gpu = next((m for m in metas if m.get("gpu_name")), None)
-    cpu = next((m for m in metas if m.get("cpu_model")), None)
-    parts = []
-    if gpu:
-        parts.append(fmt.hardware(gpu, "cuda"))
-    if cpu:
-        parts.append(fmt.hardware(cpu, "cpu"))
+def _machine_hardware(machine: MachineResults) -> str:
+    envs = [f.environment for f in machine.files.values()]
+    gpu = next((e for e in envs if e.gpu_name), None)
+    cpu = envs[0] if envs else None
+    parts = [fmt.hardware(gpu, "cuda")] if gpu else []
+    parts += [fmt.hardware(cpu, "cpu")] if cpu else []
     return "; ".join(parts) or "unknown"
 
 
@@ -57,21 +57,19 @@ def intro_section(ctx: RenderContext) -> Section:
         "algbw = payload bytes / time, busbw = algbw · 2(n−1)/n for an all-reduce over n ranks. "
         "A step's *exposed overhead* is the median, over the interleaved rounds of one run, of its time minus "
         "the time of the same round's step with no communication (compute-only); its 95% interval is the "
-        "sign-test interval of that median (`cs336_systems/paired_stats.py`).",
+        "sign-test interval of that median (`cs336_systems/bench/stats.py`).",
     ]
     if machines:
         rows = []
         for m in machines:
-            files = [f"`{f.path.name}`" for f in m.files.values()]
-            if m.profile is not None:
-                files.append("`profile/profile.json`")
-            rows.append([f"`{m.tag}`", _machine_hardware({**m.files, **({"p": m.profile} if m.profile else {})}),
-                         ", ".join(files) or "–"])
+            files = [f"`{name}.json`" for name in m.files]
+            rows.append([f"`{m.tag}`", _machine_hardware(m), ", ".join(files) or "–"])
         out += ["", "Machines (one results folder each):", "", fmt.table(["machine tag", "hardware", "results files"],
                                                                          rows, align="lll")]
         for m in machines:
             for name, why in m.unreadable.items():
-                out += ["", f"Set aside: {why}."]
+                out += ["", f"Unreadable: `{m.tag}/{name}`, set aside ({why}); its sections below show what the "
+                        "other files hold. Rerun the benchmark that writes it."]
     else:
         out += ["", f"No results found under `{ctx.results_label}/`: nothing below was measured here."]
     return Section("\n".join(out))
@@ -87,5 +85,7 @@ SECTIONS: list[SectionFn] = [
     bucketed_benchmarking_section,
     overhead_model_section,
     all_variants_section,
-    *BEYOND_SECTIONS,
+    ablation_section,
+    sharding_accounting_section,
+    doctor_section,
 ]

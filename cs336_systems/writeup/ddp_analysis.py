@@ -1,6 +1,6 @@
-"""Numbers derived from records: groupings, saturation points, fits, the overhead model's predictions.
+"""Numbers derived from DDP step records: variants, the bucket sweep, the overhead model's predictions.
 
-Pure functions over the dicts the benchmarks wrote; the sections turn their results into text.
+Pure functions over the records the step benchmark wrote; the sections turn them into text.
 """
 
 from __future__ import annotations
@@ -11,78 +11,15 @@ from typing import Any
 
 from cs336_systems.ddp.overhead_model import (
     exposed_overhead,
-    fit_latency_bandwidth,
     minimum_exposed_overhead,
     optimal_bucket_bytes,
     optimal_bucket_count,
 )
 
+from cs336_systems.writeup.allreduce_analysis import LinkFit
+
 Record = dict[str, Any]
 FLOAT32_BYTES = 4  # the benchmarks train in float32, so gradients are 4 bytes per parameter
-
-
-# ---------------------------------------------------------------------------------------------
-# All-reduce benchmark
-
-
-@dataclass(frozen=True, order=True)
-class CommGroup:
-    """Records that share everything but the payload: one line of the all-reduce plot."""
-
-    backend: str
-    device_type: str
-    world_size: int
-    shared_gpu: bool
-
-    @property
-    def label(self) -> str:
-        where = "gloo ranks sharing one GPU" if self.shared_gpu else self.device_type
-        return f"{self.backend} ({where}), {self.world_size} ranks"
-
-
-def is_measured(record: Record) -> bool:
-    return not record.get("skipped") and record.get("median_s") is not None
-
-
-def comm_groups(records: list[Record]) -> dict[CommGroup, list[Record]]:
-    """Measured records by group, groups sorted, each group's records by payload."""
-    groups: dict[CommGroup, list[Record]] = {}
-    for r in records:
-        if is_measured(r):
-            device = r.get("device_type", "cpu")
-            key = CommGroup(r["backend"], device, int(r["world_size"]), bool(r.get("shared_gpu")))
-            groups.setdefault(key, []).append(r)
-    return {k: sorted(groups[k], key=lambda r: r["payload_bytes"]) for k in sorted(groups)}
-
-
-def saturation_point(group: list[Record], within: float = 0.9) -> tuple[Record, Record]:
-    """(record with the peak busbw, smallest payload whose busbw is within ``within`` of that peak)."""
-    peak = max(group, key=lambda r: r["busbw_gbps"])
-    first = next(r for r in group if r["busbw_gbps"] >= within * peak["busbw_gbps"])
-    return peak, first
-
-
-@dataclass(frozen=True)
-class LinkFit:
-    """``median time = o + bytes / w`` fitted to one group's records."""
-
-    o_s: float  # per-call cost, seconds
-    w_bytes_per_s: float  # bandwidth, bytes per second (payload / time, i.e. algbw)
-    r2: float
-    n_points: int
-
-
-def fit_group(group: list[Record]) -> LinkFit | str:
-    """The least-squares fit, or why there is none."""
-    try:
-        o, w, r2 = fit_latency_bandwidth([r["payload_bytes"] for r in group], [r["median_s"] for r in group])
-    except ValueError as e:
-        return str(e)
-    return LinkFit(o, w, r2, len(group))
-
-
-# ---------------------------------------------------------------------------------------------
-# DDP step benchmark
 
 
 def by_variant(records: list[Record]) -> dict[str, Record]:

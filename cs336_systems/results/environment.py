@@ -1,30 +1,52 @@
-"""What every benchmark records beside its numbers: the machine, the software, the commit.
+"""What every results file records beside its numbers: the machine, the software, the commit.
 
-A results file is ``{"meta": ..., "records": [...]}``: ``meta`` from :func:`collect_environment`
-says where and how the numbers were taken; ``records`` holds one dict per measured setting.
-Files live in ``writeup/results/<machine tag>/<benchmark>.json`` so that runs on different
-machines sit side by side instead of overwriting each other.
+:func:`collect_environment` reads it once per run; :func:`machine_tag` names the machine's
+results folder, so that runs on different machines sit side by side instead of overwriting
+each other.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import re
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import torch
 
 # cs336_systems/ sits at the repository root (the package is installed editable).
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 MACHINE_TAG_ENV = "BENCH_MACHINE_TAG"
 _CPU_SLUG_MAX_CHARS = 40
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Where and with what a measurement was taken."""
+
+    hostname: str
+    platform: str
+    python_version: str
+    torch_version: str
+    cuda_version: str | None
+    nccl_version: str | None
+    cpu_model: str
+    cpu_count: int | None
+    gpu_name: str | None
+    gpu_count: int
+    backend: str  # the process group's backend ("gloo", "nccl"; "gloo,nccl" for a grid of both)
+    world_size: int  # ranks of the job (the largest, for a grid of several)
+    device_type: str  # "cpu" or "cuda"
+    shared_gpu: bool  # several ranks of a node took turns on one GPU (gloo only)
+    machine_tag: str
+    git_commit: str | None  # None when run outside a git checkout
+    git_dirty: bool | None  # uncommitted changes to code (not to writeup/) when measured
+    timestamp_utc: str
 
 
 def slugify(text: str) -> str:
@@ -98,54 +120,36 @@ def machine_tag() -> str:
     return f"cpu{os.cpu_count() or 1}-{model}"
 
 
-def collect_environment(backend: str, world_size: int, device_type: str) -> dict[str, Any]:
+def nccl_version() -> str | None:
+    if not (torch.cuda.is_available() and hasattr(torch.cuda, "nccl")):
+        return None
+    try:
+        return ".".join(str(part) for part in torch.cuda.nccl.version())
+    except (RuntimeError, AttributeError, TypeError):
+        return None
+
+
+def collect_environment(backend: str, world_size: int, device_type: str, shared_gpu: bool = False) -> Environment:
     """Everything needed to say what a measurement was taken on. Never raises for missing git."""
     commit, dirty = git_state()
     gpus = gpu_names()
-    nccl_version = None
-    if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):
-        try:
-            nccl_version = ".".join(str(part) for part in torch.cuda.nccl.version())
-        except (RuntimeError, AttributeError, TypeError):
-            pass
-    return {
-        "hostname": socket.gethostname(),
-        "platform": platform.platform(),
-        "python_version": sys.version.split()[0],
-        "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda if torch.cuda.is_available() else None,
-        "nccl_version": nccl_version,
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "gpu_name": gpus[0] if gpus else None,
-        "gpu_count": len(gpus),
-        "backend": backend,
-        "world_size": world_size,
-        "device_type": device_type,
-        "machine_tag": machine_tag(),
-        "git_commit": commit,
-        "git_dirty": dirty,
-        "timestamp_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def results_dir(tag: str | None = None) -> Path:
-    """``<repo>/writeup/results/<tag>``; the tag defaults to :func:`machine_tag`."""
-    return REPO_ROOT / "writeup" / "results" / (tag or machine_tag())
-
-
-def write_results(path: str | os.PathLike, records: list[dict], meta: dict) -> Path:
-    """Write ``{"meta": meta, "records": records}`` as stable, diff-friendly JSON."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"meta": meta, "records": records}, indent=2, sort_keys=True)
-    path.write_text(text + "\n")
-    return path
-
-
-def read_results(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``{"meta": ..., "records": [...]}`` dict that :func:`write_results` wrote."""
-    data = json.loads(Path(path).read_text())
-    if not isinstance(data, dict) or "meta" not in data or "records" not in data:
-        raise ValueError(f"{path} is not a results file: expected keys 'meta' and 'records'")
-    return data
+    return Environment(
+        hostname=socket.gethostname(),
+        platform=platform.platform(),
+        python_version=sys.version.split()[0],
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda if torch.cuda.is_available() else None,
+        nccl_version=nccl_version(),
+        cpu_model=cpu_model(),
+        cpu_count=os.cpu_count(),
+        gpu_name=gpus[0] if gpus else None,
+        gpu_count=len(gpus),
+        backend=backend,
+        world_size=world_size,
+        device_type=device_type,
+        shared_gpu=shared_gpu,
+        machine_tag=machine_tag(),
+        git_commit=commit,
+        git_dirty=dirty,
+        timestamp_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )

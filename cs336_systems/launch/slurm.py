@@ -2,7 +2,7 @@
 
 SLURM starts one *task* per rank (``--nodes`` x ``--tasks-per-node``; on GPUs one task per
 GPU). Each task runs :func:`run_script_as_rank`, which turns submitit's view of the job into
-the torchrun-style variables that :func:`cs336_systems.process_group.run_ranks` reads, then
+the torchrun-style variables that :func:`cs336_systems.launch.run_ranks` reads, then
 runs the target script in-process as if it had been started with ``python script args``. The
 script therefore runs as one rank per task, exactly as it would under ``torchrun``.
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import runpy
+import signal
 import sys
 import zlib
 from dataclasses import dataclass
@@ -126,6 +127,10 @@ def run_script_as_rank(script: str, args: list[str]) -> int:
 
     Returns the script's exit status (0 when it returns without calling ``sys.exit``).
     """
+    # submitit lets SIGTERM pass (it waits for SLURM's SIGKILL, to checkpoint first); these
+    # scripts keep no checkpoint, so a cancelled or timed-out task ends at once, as it does
+    # under torchrun.
+    previous_sigterm = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     rank_env = rank_environment(submitit.JobEnvironment())
     saved_env = {name: os.environ.get(name) for name in rank_env}
     os.environ.update(rank_env)
@@ -140,6 +145,7 @@ def run_script_as_rank(script: str, args: list[str]) -> int:
     finally:
         # Matters only for cluster="debug", where the task runs inside the submitting process.
         sys.argv, sys.path[:] = saved_argv, saved_path
+        signal.signal(signal.SIGTERM, previous_sigterm)
         for name, value in saved_env.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -1,0 +1,34 @@
+"""Starting ranks and their process groups: spawned on this machine, under torchrun, or on SLURM.
+
+* context.py  RankContext; device, backend and thread choices, checked before anything starts
+* env.py      joining a process group from torchrun-style variables, and leaving it
+* spawn.py    launch(): spawn ranks here; run_ranks(): spawn, or be one rank of a launcher
+* signals.py  SIGTERM/SIGINT stop every rank; ranks die with their launcher
+* slurm.py    running a script as the ranks of a SLURM job (submitit)
+"""
+
+from cs336_systems.launch.context import (
+    DEFAULT_TIMEOUT_S,
+    RankContext,
+    backend_for_device,
+    check_devices,
+    cpu_threads_per_rank,
+    default_device_type,
+    find_free_port,
+    is_shared_gpu,
+)
+from cs336_systems.launch.env import (
+    init_from_env,
+    launched_world_size,
+    ranks_on_this_node,
+    running_under_launcher,
+    teardown,
+)
+from cs336_systems.launch.signals import Interrupted
+from cs336_systems.launch.spawn import RankFailedError, launch, run_ranks
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S", "Interrupted", "RankContext", "RankFailedError", "backend_for_device", "check_devices",
+    "cpu_threads_per_rank", "default_device_type", "find_free_port", "init_from_env", "is_shared_gpu", "launch",
+    "launched_world_size", "ranks_on_this_node", "run_ranks", "running_under_launcher", "teardown",
+]

@@ -1,0 +1,35 @@
+"""Where results live: ``writeup/results/<machine tag>/<kind>[-<suffix>].json``.
+
+Every writer and reader asks here; nothing else builds a results path by hand. A kind may
+have several files on one machine (``ddp_step.json``, ``ddp_step-nccl1.json``): they are its
+runs. Folders named ``quick*`` hold smoke runs that the writeup skips.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cs336_systems.results.environment import REPO_ROOT, machine_tag
+
+RESULTS_ROOT = REPO_ROOT / "writeup" / "results"
+SMOKE_PREFIX = "quick"  # results folders named quick* hold smoke runs, not results
+PROFILE_DIR = "profile"  # a machine folder's subfolder for the profiler's traces
+
+
+def results_dir(tag: str | None = None, root: Path = RESULTS_ROOT) -> Path:
+    """``<root>/<tag>``; the tag defaults to this machine's (see environment.machine_tag)."""
+    tag = tag or machine_tag()
+    if not tag or "/" in tag or tag in (".", ".."):
+        raise ValueError(f"a results tag is one folder name, got {tag!r}")
+    return root / tag
+
+
+def results_path(kind: str, tag: str | None = None, suffix: str | None = None, root: Path = RESULTS_ROOT) -> Path:
+    """The file of one run of ``kind``: ``<root>/<tag>/<kind>[-<suffix>].json``."""
+    name = kind if not suffix else f"{kind}-{suffix}"
+    return results_dir(tag, root) / f"{name}.json"
+
+
+def kind_of(path: Path) -> str:
+    """The kind a results file name belongs to (its stem up to the first '-')."""
+    return path.stem.split("-", 1)[0]

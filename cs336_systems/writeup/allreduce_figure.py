@@ -1,0 +1,36 @@
+"""The all-reduce benchmark's figure: time and busbw against payload, one line per group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from cs336_systems.units import MB
+from cs336_systems.writeup.allreduce_analysis import CommGroup, Record
+from cs336_systems.writeup.figures import TWO_PANELS, WIDE, save
+
+
+def allreduce_figure(groups: dict[CommGroup, list[Record]], title: str, path: Path) -> Path:
+    """Median time (with p10–p90) and busbw against payload, one line per backend and world size."""
+    fig = Figure(figsize=WIDE)
+    fig.subplots_adjust(**TWO_PANELS)
+    ax_time, ax_bw = fig.subplots(1, 2)
+    for group, records in groups.items():
+        x = np.array([r["payload_bytes"] for r in records]) / MB
+        median = np.array([r["median_s"] for r in records]) * 1e3
+        spread = error_bars(median, np.array([r["p10_s"] for r in records]) * 1e3,
+                         np.array([r["p90_s"] for r in records]) * 1e3)
+        style = "--" if group.shared_gpu else "-"
+        line = ax_time.errorbar(x, median, yerr=spread, fmt="o" + style, capsize=3, label=group.label)
+        ax_bw.plot(x, [r["busbw_gbps"] for r in records], "o" + style, color=line[0].get_color(), label=group.label)
+    ax_time.set(xscale="log", yscale="log", xlabel="payload (MB)", ylabel="median time per all-reduce (ms)",
+                title="time (bars: p10–p90)")
+    ax_bw.set(xscale="log", xlabel="payload (MB)", ylabel="busbw (GB/s)", title="bus bandwidth")
+    ax_bw.set_ylim(bottom=0)
+    for ax in (ax_time, ax_bw):
+        ax.grid(True, alpha=0.3)
+    ax_bw.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return save(fig, path)
