@@ -11,9 +11,40 @@ from typing import Any, Iterable
 import torch
 
 from cs336_systems.bucketed_ddp import BucketedDDP
+from cs336_systems.fsdp import FullyShardedDataParallel
 from cs336_systems.flat_ddp import FlatDDP
 from cs336_systems.naive_ddp import NaiveDDP
 from cs336_systems.overlap_ddp import DDPIndividualParameters
+
+
+def get_ddp(module: torch.nn.Module) -> torch.nn.Module:
+    """Wrap ``module`` in DDP that all-reduces each parameter's gradient as soon as it is ready
+    (the 2026 suite's name for the individual-parameters variant)."""
+    return DDPIndividualParameters(module)
+
+
+def ddp_on_after_backward(ddp_model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """After backward, before the optimizer step: wait for every gradient's all-reduce."""
+    ddp_model.finish_gradient_synchronization()
+
+
+def get_fsdp(module: torch.nn.Module, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """Wrap ``module`` in FSDP: Linear/Embedding weights sharded, gathered just in time.
+
+    ``compute_dtype`` (float16 or bfloat16) is the dtype weights are gathered and computed in;
+    master shards and their gradients stay float32.
+    """
+    return FullyShardedDataParallel(module, compute_dtype=compute_dtype)
+
+
+def fsdp_on_after_backward(fsdp_model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """After backward, before the optimizer step: wait for every reduction, install shard grads."""
+    fsdp_model.finish_gradient_synchronization()
+
+
+def fsdp_gather_full_params(fsdp_model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's full value, by its name in the wrapped module (all ranks must call)."""
+    return fsdp_model.gather_full_params()
 
 
 # Beyond the public suite: the two non-overlapped variants, so our tests reach every variant

@@ -1,0 +1,223 @@
+"""When FSDP's collectives run: gathers around each layer, prefetches, reductions in backward.
+
+Forward, for each use of a sharded layer (a module call; a tied weight has one per module):
+
+1. the layer's forward pre-hook waits for its weight's all-gather (launched by the previous
+   layer as a prefetch, or now) and launches the all-gather of the next layer's weight, taken
+   from the order the previous forward ran the layers in, so it overlaps this layer's compute;
+2. the layer computes with the full weight, put in place of the shard for the call;
+3. its forward hook puts the shard back and drops the full weight. Any tensor the layer saved
+   for backward that lives in the full weight was replaced, when autograd saved it, by a
+   marker (``torch.autograd.graph.saved_tensors_hooks``), so nothing keeps the memory alive.
+
+Backward, for each use, in reverse: when autograd unpacks a marker, the weight is gathered
+again (or its prefetch waited for) and the all-gather of the next weight backward needs is
+launched. When the use's weight gradient arrives at :class:`_Unshard`, the full weight is
+dropped and the gradient added to the weight's float32 sum; after the last use of the step
+the sum is reduce-scattered asynchronously while backward goes on. At most
+``MAX_REDUCTIONS_IN_FLIGHT`` reductions are pending at once, which bounds the full gradients
+alive. :meth:`Schedule.finish` launches any reduction whose uses never all produced a
+gradient, all-reduces the replicated parameters' gradients, waits, and installs the shards'
+gradients.
+
+Every rank must run the same layers in the same order (as with torch's FSDP): the collectives
+are issued in the order the autograd graph dictates, and the graphs must agree to pair up.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from cs336_systems.fsdp.sharded_weight import ShardedWeight
+
+# Two: the one just launched can overlap the next layer's backward while the one before it
+# finishes; more would keep more full-size gradients alive for little extra overlap.
+MAX_REDUCTIONS_IN_FLIGHT = 2
+
+
+class _Unshard(torch.autograd.Function):
+    """The full weight as a function of the shard, so autograd hands us its gradient."""
+
+    @staticmethod
+    def forward(ctx, shard: torch.Tensor, weight: ShardedWeight, schedule: Schedule) -> torch.Tensor:
+        ctx.weight, ctx.schedule = weight, schedule
+        return weight.full()
+
+    @staticmethod
+    def backward(ctx, grad_full: torch.Tensor):
+        ctx.schedule.on_weight_grad(ctx.weight, grad_full)
+        # The shard's gradient is installed after the reduce-scatter, not by autograd.
+        return None, None, None
+
+
+@dataclass(frozen=True)
+class _SavedFull:
+    """What autograd keeps instead of a saved view of a full weight: how to rebuild the view."""
+
+    weight: ShardedWeight
+    size: torch.Size
+    stride: tuple[int, ...]
+    storage_offset: int
+
+
+class Schedule:
+    """Drives the gathers, prefetches and reductions of one FSDP-wrapped module."""
+
+    def __init__(self, weights: list[ShardedWeight], replicated: list[nn.Parameter], world_size: int,
+                 group: dist.ProcessGroup | None):
+        self.weights = weights  # every sharded weight, in a fixed order every rank shares
+        self.replicated = replicated  # trainable parameters kept whole on every rank
+        self.world_size = world_size
+        self.group = group
+        self.grad_pending = False  # a gradient arrived since the last finish()
+        self._live: dict[int, ShardedWeight] = {}  # storage address -> gathered weight
+        self._last_order: list[ShardedWeight] = []  # uses of the previous forward, in order
+        self._order: list[ShardedWeight] = []  # uses of this forward so far
+        self._saved: list[bool] = []  # per use of this forward: did it save its full weight
+        self._backward_order: list[ShardedWeight] = []  # uses that gather again, in backward order
+        self._backward_cursor = 0
+        self._in_flight: deque[tuple[dist.Work, torch.Tensor]] = deque()
+        self._biases: dict[nn.Module, nn.Parameter] = {}  # master biases of layers mid-call
+
+    # -- gathering -----------------------------------------------------------------------------
+
+    def _start_gather(self, weight: ShardedWeight) -> None:
+        if not weight.is_gathered:
+            weight.start_gather()
+            self._live[weight.storage_address()] = weight
+
+    def _full(self, weight: ShardedWeight) -> torch.Tensor:
+        self._start_gather(weight)
+        return weight.full()
+
+    def _free(self, weight: ShardedWeight) -> None:
+        if weight.is_gathered:
+            self._live.pop(weight.storage_address(), None)
+            weight.free()
+
+    # -- forward -------------------------------------------------------------------------------
+
+    def begin_forward(self) -> None:
+        self._order, self._saved = [], []
+
+    def end_forward(self) -> None:
+        for weight in list(self._live.values()):  # a prefetch the forward did not use
+            self._free(weight)
+        self._last_order = self._order
+        self._backward_order = [w for w, saved in zip(reversed(self._order), reversed(self._saved)) if saved]
+        self._backward_cursor = 0
+
+    def _planned_next(self, index: int) -> ShardedWeight | None:
+        """The weight the use after ``index`` had last forward, if this forward follows it."""
+        last = self._last_order
+        if index + 1 < len(last) and last[index] is self._order[index]:
+            return last[index + 1]
+        return None
+
+    def pre_forward(self, module: nn.Module, weight: ShardedWeight) -> None:
+        index = len(self._order)
+        self._order.append(weight)
+        self._saved.append(False)
+        full = self._full(weight)
+        upcoming = self._planned_next(index)
+        if upcoming is not None and upcoming is not weight:
+            self._start_gather(upcoming)
+        if torch.is_grad_enabled() and weight.shard.requires_grad:
+            weight.uses += 1
+            full = _Unshard.apply(weight.shard, weight, self)
+        module._parameters["weight"] = full  # for this call only; post_forward restores the shard
+        bias = module._parameters.get("bias")
+        if bias is not None and bias.dtype != weight.compute_dtype:
+            # A layer computes in one dtype: its (replicated) bias is cast for the call too,
+            # differentiably, so its gradient comes back to the master in the master's dtype.
+            self._biases[module] = bias
+            module._parameters["bias"] = bias.to(weight.compute_dtype)
+
+    def post_forward(self, module: nn.Module, weight: ShardedWeight) -> None:
+        module._parameters["weight"] = weight.shard
+        if module in self._biases:
+            module._parameters["bias"] = self._biases.pop(module)
+        self._free(weight)
+
+    def pack(self, tensor: torch.Tensor):
+        """saved_tensors_hooks pack: a view of a gathered weight becomes a :class:`_SavedFull`."""
+        if not self._live or tensor.layout != torch.strided:
+            return tensor
+        weight = self._live.get(tensor.untyped_storage().data_ptr())
+        if weight is None or tensor.dtype != weight.compute_dtype:
+            return tensor
+        if self._order and self._order[-1] is weight:
+            self._saved[-1] = True
+        return _SavedFull(weight, tensor.size(), tensor.stride(), tensor.storage_offset())
+
+    # -- backward ------------------------------------------------------------------------------
+
+    def unpack(self, saved):
+        """saved_tensors_hooks unpack: gather the weight again, prefetch the next one."""
+        if not isinstance(saved, _SavedFull):
+            return saved
+        weight = saved.weight
+        self._start_gather(weight)
+        order, cursor = self._backward_order, self._backward_cursor
+        if cursor < len(order) and order[cursor] is weight:
+            self._backward_cursor = cursor = cursor + 1
+            if cursor < len(order) and order[cursor] is not weight:
+                self._start_gather(order[cursor])
+        padded = weight.padded()
+        return padded.as_strided(saved.size, saved.stride, saved.storage_offset)
+
+    def on_weight_grad(self, weight: ShardedWeight, grad_full: torch.Tensor) -> None:
+        self.grad_pending = True
+        self._free(weight)
+        if weight.add_grad(grad_full):
+            self._launch_reduction(weight)
+
+    def on_replicated_grad(self, param: torch.Tensor) -> None:
+        self.grad_pending = True
+
+    def _launch_reduction(self, weight: ShardedWeight) -> None:
+        while len(self._in_flight) >= MAX_REDUCTIONS_IN_FLIGHT:
+            work, _ = self._in_flight.popleft()
+            work.wait()
+        self._in_flight.append(weight.reduce_scatter())
+
+    # -- after backward ------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Complete every reduction of this step and install the averaged gradients."""
+        for weight in self.weights:  # uses whose gradient never came (e.g. an unused output)
+            if weight.has_unreduced_grad:
+                self._launch_reduction(weight)
+        self._all_reduce_replicated()
+        while self._in_flight:
+            work, _ = self._in_flight.popleft()
+            work.wait()
+        for weight in self.weights:
+            weight.install_grad(self.world_size)
+            self._free(weight)
+        self.grad_pending = False
+
+    def _all_reduce_replicated(self) -> None:
+        """One all-reduce of every replicated gradient, flattened (they are small: gains, biases).
+
+        A parameter without a gradient on this rank contributes zeros, so every rank passes a
+        buffer of the same layout; afterwards every replicated parameter has the average.
+        """
+        params = [p for p in self.replicated if p.requires_grad]
+        if not params:
+            return
+        flat = torch.cat([
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(torch.float32)
+            for p in params
+        ])
+        dist.all_reduce(flat, group=self.group)
+        flat.div_(self.world_size)
+        offset = 0
+        for p in params:
+            p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.dtype)
+            offset += p.numel()

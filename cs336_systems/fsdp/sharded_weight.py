@@ -1,0 +1,185 @@
+"""One sharded weight: its slice of the flattened weight, and the collectives that move it.
+
+A weight of ``numel`` elements is flattened, padded with zeros to ``world_size * shard_numel``
+(``shard_numel = ceil(numel / world_size)``) and cut into ``world_size`` equal slices; rank
+``r`` keeps slice ``r`` as a 1-D ``nn.Parameter``. Equal slices are what
+``all_gather_into_tensor`` and ``reduce_scatter_tensor`` need; the padding (at most
+``world_size - 1`` elements, all on the last ranks) is zero, gets a zero gradient, and so stays
+zero under SGD and AdamW alike.
+
+:class:`ShardedWeight` keeps three invariants:
+
+* at rest only the shard exists; the full weight's memory exists only between
+  :meth:`start_gather` (or :meth:`full`) and :meth:`free`;
+* the full gradient of a step is the sum over every use of the weight in that step (a tied
+  weight has two), reduce-scattered once, when the last use's gradient has arrived;
+* the shard's ``.grad`` is written only by :meth:`install_grad`, after the reduction was waited
+  for, so an optimizer never sees a partial sum.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Where rank ``rank``'s slice of a flattened, padded weight lies."""
+
+    shape: torch.Size  # the weight's shape in the module
+    world_size: int
+    rank: int
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def shard_numel(self) -> int:
+        return -(-self.numel // self.world_size)
+
+    @property
+    def padded_numel(self) -> int:
+        return self.shard_numel * self.world_size
+
+    def shard_of(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of ``full`` (a new tensor; padding zeros included)."""
+        flat = torch.zeros(self.padded_numel, dtype=full.dtype, device=full.device)
+        flat[: self.numel] = full.reshape(-1)
+        start = self.rank * self.shard_numel
+        return flat[start : start + self.shard_numel].clone()
+
+    def unflatten(self, padded: torch.Tensor) -> torch.Tensor:
+        """The weight-shaped view of a gathered padded buffer (padding cut off)."""
+        return padded[: self.numel].view(self.shape)
+
+
+class ShardedWeight:
+    """A weight kept as a shard: gathers the full value on demand, reduce-scatters gradients."""
+
+    def __init__(
+        self,
+        name: str,
+        weight: nn.Parameter,
+        compute_dtype: torch.dtype | None,
+        group: dist.ProcessGroup | None = None,
+    ):
+        self.name = name  # the weight's name in the wrapped module (its first name if tied)
+        self.group = group
+        self.layout = ShardLayout(weight.shape, dist.get_world_size(group), dist.get_rank(group))
+        self.shard = nn.Parameter(
+            self.layout.shard_of(weight.detach()), requires_grad=weight.requires_grad
+        )
+        # The dtype the weight is gathered and computed in; master shards keep their own.
+        self.compute_dtype = compute_dtype or weight.dtype
+        self._padded: torch.Tensor | None = None  # the gathered buffer while it lives
+        self._gather: dist.Work | None = None  # an all-gather launched but not waited for
+        self._grad: torch.Tensor | None = None  # full-size float32 gradient summed over uses
+        self._reduced: list[torch.Tensor] = []  # reduce-scattered gradient slices, unscaled
+        self.uses = 0  # uses in this step's forward whose gradient is expected
+        self.grads_in = 0  # of those, gradients that have arrived
+        self.needs_gather_in_backward = False  # some use saved the full weight for backward
+
+    # -- the full weight ---------------------------------------------------------------------
+
+    @property
+    def is_gathered(self) -> bool:
+        return self._padded is not None
+
+    def storage_address(self) -> int:
+        """Address of the gathered buffer's memory: every view of the full weight shares it."""
+        assert self._padded is not None
+        return self._padded.untyped_storage().data_ptr()
+
+    def start_gather(self) -> None:
+        """Launch the all-gather of the full weight (no-op if gathered or gathering)."""
+        if self._padded is not None:
+            return
+        send = self.shard.detach().to(self.compute_dtype)  # cast first: fewer bytes to move
+        self._padded = torch.empty(
+            self.layout.padded_numel, dtype=self.compute_dtype, device=send.device
+        )
+        self._gather = dist.all_gather_into_tensor(
+            self._padded, send, group=self.group, async_op=True
+        )
+
+    def padded(self) -> torch.Tensor:
+        """The gathered padded buffer, waiting for (or launching) its all-gather."""
+        self.start_gather()
+        if self._gather is not None:
+            self._gather.wait()
+            self._gather = None
+        assert self._padded is not None
+        return self._padded
+
+    def full(self) -> torch.Tensor:
+        """The full weight, shaped as in the module, in the compute dtype."""
+        return self.layout.unflatten(self.padded())
+
+    def free(self) -> None:
+        """Release the full weight's memory now.
+
+        The storage is shrunk to nothing rather than left to reference counting: a finished
+        collective's work object (gloo's worker, NCCL's watchdog) may still hold the buffer for
+        a while after ``wait()``, which would keep a third layer alive during a prefetch. Any
+        view autograd saved was swapped for a marker (see schedule.py), so none is left to
+        read the emptied storage.
+        """
+        if self._padded is None:
+            return
+        if self._gather is not None:  # never free a buffer a collective is still writing
+            self._gather.wait()
+            self._gather = None
+        self._padded.untyped_storage().resize_(0)
+        self._padded = None
+
+    # -- the gradient ------------------------------------------------------------------------
+
+    def add_grad(self, grad: torch.Tensor) -> bool:
+        """Add one use's full gradient; True when every expected use has contributed."""
+        grad = grad.reshape(-1)
+        if self._grad is None and self.uses == 1 and self.layout.numel == self.layout.padded_numel:
+            # The common case: one use, no padding. Reduce the gradient as autograd made it.
+            self._grad = grad.to(torch.float32).contiguous()
+        else:
+            if self._grad is None:
+                self._grad = torch.zeros(
+                    self.layout.padded_numel, dtype=torch.float32, device=grad.device
+                )
+            self._grad[: self.layout.numel].add_(grad)
+        self.grads_in += 1
+        return self.grads_in >= self.uses
+
+    @property
+    def has_unreduced_grad(self) -> bool:
+        return self._grad is not None
+
+    def reduce_scatter(self) -> tuple[dist.Work, torch.Tensor]:
+        """Launch the sum-reduce-scatter of the summed full gradient.
+
+        Returns the work and its input: the caller keeps the input alive until the work was
+        waited for, then drops it (the full gradient's memory goes with it).
+        """
+        assert self._grad is not None
+        full_grad, self._grad = self._grad, None
+        out = torch.empty(self.layout.shard_numel, dtype=torch.float32, device=full_grad.device)
+        work = dist.reduce_scatter_tensor(out, full_grad, group=self.group, async_op=True)
+        self._reduced.append(out)
+        return work, full_grad
+
+    def install_grad(self, world_size: int) -> None:
+        """After every reduction was waited for: average and add to the shard's ``.grad``."""
+        for total in self._reduced:
+            grad = total.div_(world_size).to(self.shard.dtype)
+            if self.shard.grad is None:
+                self.shard.grad = grad
+            else:
+                self.shard.grad.add_(grad)
+        self._reduced = []
+        self.uses = 0
+        self.grads_in = 0

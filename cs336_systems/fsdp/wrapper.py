@@ -1,0 +1,170 @@
+"""The FSDP wrapper: validates, broadcasts rank 0's values, shards the weights, installs hooks.
+
+Usage (every rank)::
+
+    fsdp = FullyShardedDataParallel(model, compute_dtype=torch.bfloat16)
+    optimizer = torch.optim.AdamW(fsdp.parameters(), lr=1e-3)   # steps on shards only
+    loss_fn(fsdp(x_local), y_local).backward()
+    fsdp.finish_gradient_synchronization()                       # wait, install shard grads
+    optimizer.step()
+
+The weights of ``Linear`` and ``Embedding`` layers (ours and torch's) are sharded; every other
+parameter is replicated and its gradient averaged. ``fsdp.module`` is the original module,
+whose ``named_parameters()`` yields the shards under the weights' own names.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from cs336_basics.model import Embedding, Linear
+from cs336_systems.fsdp.schedule import Schedule
+from cs336_systems.fsdp.sharded_weight import ShardedWeight
+
+SHARDED_TYPES: tuple[type[nn.Module], ...] = (Linear, Embedding, nn.Linear, nn.Embedding)
+COMPUTE_DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
+
+_live_wrappers: weakref.WeakSet[FullyShardedDataParallel] = weakref.WeakSet()
+_step_guard: torch.utils.hooks.RemovableHandle | None = None
+
+
+def _refuse_step_before_finish(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    """Global optimizer pre-step hook: no step on shards whose gradients are still in flight.
+
+    Checks only wrappers with a pending backward, so a correct step costs one loop over the
+    (usually one) live wrapper.
+    """
+    for wrapper in list(_live_wrappers):
+        if wrapper._schedule.grad_pending and wrapper._owns_any(optimizer):
+            raise RuntimeError(
+                f"{type(optimizer).__name__}.step() on FSDP parameters whose gradients are still "
+                "being reduced: call fsdp_model.finish_gradient_synchronization() "
+                "(fsdp_on_after_backward) after backward and before the optimizer step"
+            )
+
+
+def _sharded_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [
+        (name, m)
+        for name, m in module.named_modules()
+        if isinstance(m, SHARDED_TYPES) and isinstance(m._parameters.get("weight"), nn.Parameter)
+    ]
+
+
+def _validate(module: object, compute_dtype: object) -> list[tuple[str, nn.Module]]:
+    """Every argument check, before any collective."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"FSDP wraps an nn.Module, got {type(module).__name__}")
+    if compute_dtype not in COMPUTE_DTYPES:
+        raise ValueError(
+            f"compute_dtype must be one of None (compute in the weights' dtype), torch.float32, "
+            f"torch.float16 or torch.bfloat16; got {compute_dtype!r}"
+        )
+    layers = _sharded_modules(module)
+    if not layers:
+        names = ", ".join(f"{t.__module__}.{t.__qualname__}" for t in SHARDED_TYPES)
+        raise ValueError(
+            f"{type(module).__name__} has no layer whose weight FSDP shards; it shards the "
+            f"weights of {names}"
+        )
+    for name, layer in layers:
+        weight = layer._parameters["weight"]
+        if not weight.is_floating_point():
+            raise ValueError(f"{name}.weight has dtype {weight.dtype}; FSDP shards floating weights")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "FSDP needs an initialised default process group: call "
+            "torch.distributed.init_process_group (or cs336_systems.process_group.launch) first"
+        )
+    return layers
+
+
+class FullyShardedDataParallel(nn.Module):
+    """Shards Linear/Embedding weights over the ranks; gathers each just in time (see schedule)."""
+
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
+        layers = _validate(module, compute_dtype)
+        super().__init__()
+        self.module = module
+        self.compute_dtype = compute_dtype
+        self.world_size = dist.get_world_size()
+        self._broadcast_from_rank0()
+
+        weights: dict[int, ShardedWeight] = {}  # id(original Parameter) -> its ShardedWeight
+        for name, layer in layers:
+            original = layer._parameters["weight"]
+            if id(original) not in weights:  # a tied weight is sharded once
+                weights[id(original)] = ShardedWeight(f"{name}.weight", original, compute_dtype)
+            weight = weights[id(original)]
+            layer._parameters["weight"] = weight.shard
+            layer.register_forward_pre_hook(lambda m, args, w=weight: self._schedule.pre_forward(m, w))
+            layer.register_forward_hook(
+                lambda m, args, out, w=weight: self._schedule.post_forward(m, w), always_call=True
+            )
+        self.sharded_weights = list(weights.values())
+        shards = {id(w.shard) for w in self.sharded_weights}
+        replicated = [p for p in module.parameters() if id(p) not in shards]
+        self._schedule = Schedule(self.sharded_weights, replicated, self.world_size, group=None)
+        for p in replicated:
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(self._schedule.on_replicated_grad)
+        self._param_ids = {id(p) for p in module.parameters()}
+
+        global _step_guard
+        _live_wrappers.add(self)
+        if _step_guard is None:
+            _step_guard = register_optimizer_step_pre_hook(_refuse_step_before_finish)
+
+    @torch.no_grad()
+    def _broadcast_from_rank0(self) -> None:
+        """Start every rank from rank 0's parameters and buffers, as DDP does."""
+        seen: set[int] = set()
+        for tensor in [*self.module.parameters(), *self.module.buffers()]:
+            if id(tensor) not in seen:
+                seen.add(id(tensor))
+                dist.broadcast(tensor.data, src=0)
+
+    def _owns_any(self, optimizer: torch.optim.Optimizer) -> bool:
+        return any(id(p) in self._param_ids for g in optimizer.param_groups for p in g["params"])
+
+    def forward(self, *args, **kwargs):
+        if self._schedule.grad_pending:
+            raise RuntimeError(
+                "forward started while the previous backward's gradient reductions were never "
+                "finished: call fsdp_model.finish_gradient_synchronization() "
+                "(fsdp_on_after_backward) after every backward, before the optimizer step"
+            )
+        schedule = self._schedule
+        with torch.autograd.graph.saved_tensors_hooks(schedule.pack, schedule.unpack):
+            schedule.begin_forward()
+            try:
+                return self.module(*args, **kwargs)
+            finally:
+                schedule.end_forward()
+
+    def finish_gradient_synchronization(self) -> None:
+        """Wait for every gradient reduction of this step; shards and replicas get their .grad."""
+        self._schedule.finish()
+
+    @torch.no_grad()
+    def gather_full_params(self) -> dict[str, torch.Tensor]:
+        """Every parameter's full value by its name in the module (a collective: all ranks call).
+
+        Sharded weights are all-gathered in their master dtype; replicated ones are copied.
+        """
+        by_shard = {id(w.shard): w for w in self.sharded_weights}
+        full: dict[str, torch.Tensor] = {}
+        for name, p in self.module.named_parameters():
+            weight = by_shard.get(id(p))
+            if weight is None:
+                full[name] = p.detach().clone()
+                continue
+            padded = torch.empty(weight.layout.padded_numel, dtype=p.dtype, device=p.device)
+            dist.all_gather_into_tensor(padded, p.detach())
+            full[name] = weight.layout.unflatten(padded)
+        return full
