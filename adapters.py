@@ -10,17 +10,14 @@ from typing import Any, Iterable
 
 import torch
 
-from cs336_systems.bucketed_ddp import BucketedDDP
+from cs336_systems.ddp import BucketedDDP, FlatDDP, NaiveDDP, PerParameterDDP
 from cs336_systems.fsdp import FullyShardedDataParallel
-from cs336_systems.flat_ddp import FlatDDP
-from cs336_systems.naive_ddp import NaiveDDP
-from cs336_systems.overlap_ddp import DDPIndividualParameters
 
 
 def get_ddp(module: torch.nn.Module) -> torch.nn.Module:
     """Wrap ``module`` in DDP that all-reduces each parameter's gradient as soon as it is ready
     (the 2026 suite's name for the individual-parameters variant)."""
-    return DDPIndividualParameters(module)
+    return PerParameterDDP(module)
 
 
 def ddp_on_after_backward(ddp_model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -61,7 +58,7 @@ def get_ddp_flat(module: torch.nn.Module) -> torch.nn.Module:
 
 def get_ddp_individual_parameters(module: torch.nn.Module) -> torch.nn.Module:
     """Wrap ``module`` in DDP that all-reduces each parameter's gradient as soon as it is ready."""
-    return DDPIndividualParameters(module)
+    return PerParameterDDP(module)
 
 
 def ddp_individual_parameters_on_after_backward(

@@ -18,7 +18,7 @@ from torch import nn
 
 import adapters
 from cs336_basics.model import Embedding, Linear, RMSNorm
-from cs336_systems.process_group import RankContext
+from cs336_systems.launch import RankContext
 
 BATCH = 12  # sequences per step: divisible by world sizes 2 and 3
 SEQ = 5

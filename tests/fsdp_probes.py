@@ -14,7 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import adapters
-from cs336_systems.process_group import RankContext
+from cs336_systems.launch import RankContext
 from tests.fsdp_cases import CASES, BATCH, LayerStack, batch, build_model, loss_of, make_optimizer
 
 

@@ -29,7 +29,7 @@ from torch import nn
 
 import adapters
 from cs336_basics.model import Linear
-from cs336_systems.process_group import RankContext, RankFailedError, launch
+from cs336_systems.launch import RankContext, RankFailedError, launch
 from tests.fsdp_cases import CASES, Case, run_fsdp_cases, train_reference
 
 pytestmark = [pytest.mark.problem("fsdp"), pytest.mark.timeout(300)]

@@ -79,7 +79,7 @@ def _validate(module: object, compute_dtype: object) -> list[tuple[str, nn.Modul
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             "FSDP needs an initialised default process group: call "
-            "torch.distributed.init_process_group (or cs336_systems.process_group.launch) first"
+            "torch.distributed.init_process_group (or cs336_systems.launch.launch) first"
         )
     return layers
 
