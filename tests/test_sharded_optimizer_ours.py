@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from cs336_systems.launch import RankContext, launch
-from cs336_systems.sharded_optimizer import MB, ShardedOptimizer, assign_to_ranks
+from cs336_systems.units import MB
+from cs336_systems.zero import ShardedOptimizer, assign_to_ranks
 from tests.ddp_cases import IN_FEATURES, OUT_FEATURES, EdgeCaseModel
 
 pytestmark = pytest.mark.problem("optimizer_state_sharding")

@@ -1,0 +1,205 @@
+""":class:`ShardedOptimizer`: ZeRO stage 1 over any ``torch.optim`` optimizer (see the package docstring).
+
+One step. Every rank has the full gradient (it computed it, or DDP all-reduced it). Each rank
+steps a local ``optimizer_cls`` built over the parameters it owns, with exactly the math and
+values the unsharded optimizer would use for them, so its results are those of the unsharded
+optimizer. Then every owner broadcasts its updated parameters to the other ranks. The
+broadcasts are bucketed: an owner's parameters are packed per dtype and device into flat buffers
+of at most ``bucket_size_mb``, one broadcast each, and all ranks issue the same broadcasts in the
+same order (owner 0's buckets first).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.distributed as dist
+
+from cs336_systems.comm.coalesced import broadcast_coalesced
+from cs336_systems.units import MB
+from cs336_systems.zero import checkpoint
+from cs336_systems.zero.assignment import assign_to_ranks, parameter_bytes
+from cs336_systems.zero.checkpoint import PARAM_KEYS
+
+
+def bucket_cap_bytes(bucket_size_mb: float) -> int:
+    """The broadcast bucket cap in bytes (MB = 2**20 bytes, as torch DDP's ``bucket_cap_mb``);
+    ValueError unless ``bucket_size_mb`` is a finite number > 0."""
+    if isinstance(bucket_size_mb, bool) or not isinstance(bucket_size_mb, (int, float)):
+        raise ValueError(f"bucket_size_mb must be a positive number, got {bucket_size_mb!r}")
+    if math.isnan(bucket_size_mb) or math.isinf(bucket_size_mb) or bucket_size_mb <= 0:
+        raise ValueError(f"bucket_size_mb must be finite and > 0, got {bucket_size_mb!r}")
+    return max(1, int(bucket_size_mb * MB))
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """Wraps ``optimizer_cls`` so that each rank keeps the state of its own parameters only.
+
+    ``param_groups`` hold every parameter, as in the unsharded optimizer, and are the source of
+    truth for hyperparameters (LR schedulers may edit them); ``local_optimizer`` is an
+    ``optimizer_cls`` over this rank's shard, one group per group here (possibly empty).
+    ``state`` is the local optimizer's: it has entries for owned parameters only.
+
+    Use it as any optimizer, on every rank of the default process group alike: build it over
+    the same parameters in the same order, and call :meth:`step` on all ranks (it communicates).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        optimizer_cls: type[torch.optim.Optimizer],
+        *,
+        bucket_size_mb: float = 32.0,
+        **kwargs: Any,
+    ):
+        is_class = isinstance(optimizer_cls, type)
+        if not (is_class and issubclass(optimizer_cls, torch.optim.Optimizer)):
+            raise TypeError(
+                f"optimizer_cls must be a subclass of torch.optim.Optimizer, got {optimizer_cls!r}"
+            )
+        self.bucket_cap_bytes = bucket_cap_bytes(bucket_size_mb)
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "the default process group is not initialised: call "
+                "cs336_systems.launch.init_from_env() (or launch()) before building a "
+                "ShardedOptimizer"
+            )
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        self.optimizer_cls = optimizer_cls
+        self.optimizer_kwargs = dict(kwargs)
+        self.local_optimizer: torch.optim.Optimizer | None = None
+        self.owners: list[int] = []  # owner rank of each parameter, in param_groups order
+        self.loads = [0] * self.world_size  # bytes of parameters owned by each rank
+        self.broadcast_calls_last_step = 0
+        # The base class calls self.add_param_group for each group, which builds the shard.
+        super().__init__(params, defaults=dict(kwargs))
+        assert self.local_optimizer is not None
+        self.state = self.local_optimizer.state
+
+    # Sharding -------------------------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group to every rank's view; its parameters go to the least-loaded ranks."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        params = group["params"]
+        owners = assign_to_ranks([parameter_bytes(p) for p in params], self.world_size, self.loads)
+        for param, owner in zip(params, owners):
+            self.loads[owner] += parameter_bytes(param)
+        self.owners.extend(owners)
+
+        local_group = {k: v for k, v in group.items() if k not in PARAM_KEYS}
+        mine = [i for i, owner in enumerate(owners) if owner == self.rank]
+        local_group["params"] = [params[i] for i in mine]
+        if "param_names" in group:
+            local_group["param_names"] = [group["param_names"][i] for i in mine]
+        # torch.optim.Optimizer accepts a group with no parameters (only an empty list of
+        # groups is refused), so a rank that owns nothing of this group still gets one:
+        # local group j always mirrors group j.
+        if self.local_optimizer is None:
+            self.local_optimizer = self.optimizer_cls([local_group], **self.optimizer_kwargs)
+        else:
+            self.local_optimizer.add_param_group(local_group)
+        # Fill in the optimizer's own defaults (amsgrad, maximize, ...), so that the groups
+        # here read like those of an unsharded optimizer_cls.
+        for key, value in self.local_optimizer.param_groups[-1].items():
+            if key not in PARAM_KEYS:
+                group.setdefault(key, value)
+
+    def owned_indices(self, rank: int) -> list[int]:
+        """Indices (in param_groups order) of the parameters ``rank`` owns."""
+        return [i for i, owner in enumerate(self.owners) if owner == rank]
+
+    def owned_parameters(self) -> list[torch.Tensor]:
+        """The parameters whose optimizer state this rank keeps."""
+        params = self._all_params()
+        return [params[i] for i in self.owned_indices(self.rank)]
+
+    def _all_params(self) -> list[torch.Tensor]:
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def _push_hyperparameters(self) -> None:
+        """Copy hyperparameters (maybe edited, e.g. by an LR scheduler) to the local groups."""
+        assert self.local_optimizer is not None
+        for group, local_group in zip(self.param_groups, self.local_optimizer.param_groups):
+            for key, value in group.items():
+                if key not in PARAM_KEYS:
+                    local_group[key] = value
+
+    def _pull_hyperparameters(self) -> None:
+        """Copy hyperparameters from the local groups (after loading a state dict into them)."""
+        assert self.local_optimizer is not None
+        for group, local_group in zip(self.param_groups, self.local_optimizer.param_groups):
+            for key, value in local_group.items():
+                if key not in PARAM_KEYS:
+                    group[key] = value
+
+    # Step -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None, **kwargs: Any) -> Any:
+        """Update this rank's shard, then receive every other shard from its owner.
+
+        The local optimizer skips parameters whose gradient is None, as torch's optimizers do;
+        they are broadcast unchanged, which keeps the broadcasts the same on every rank.
+        """
+        assert self.local_optimizer is not None
+        self._push_hyperparameters()
+        loss = self.local_optimizer.step(closure=closure, **kwargs)
+        self.broadcast_calls_last_step = self._broadcast_shards()
+        return loss
+
+    def _broadcast_shards(self) -> int:
+        if self.world_size == 1:
+            return 0
+        params = self._all_params()
+        calls = 0
+        for owner in range(self.world_size):
+            # Empty tensors carry nothing; leaving them out keeps every buffer non-empty.
+            owned = [params[i].detach() for i in self.owned_indices(owner) if params[i].numel()]
+            calls += broadcast_coalesced(owned, src=owner, chunk_bytes=self.bucket_cap_bytes)
+        return calls
+
+    # Checkpoints (formats in checkpoint.py) ---------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard: the local optimizer's state dict plus how the shards were cut.
+
+        Enough to resume on the same world size with the same parameters, each rank loading
+        its own file. For a checkpoint that any world size (or a plain ``optimizer_cls``) can
+        load, use :meth:`consolidated_state_dict`. Like torch's, the returned tensors are the
+        live state: save or copy them before stepping again.
+        """
+        self._push_hyperparameters()
+        return checkpoint.shard_state_dict(self)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a :meth:`state_dict` saved by this rank of a job with the same sharding."""
+        assert self.local_optimizer is not None
+        checkpoint.check_shard_state_dict(self, state_dict)
+        self.local_optimizer.load_state_dict(state_dict["shard"])
+        self._pull_hyperparameters()
+
+    def consolidated_state_dict(self) -> dict[str, Any]:
+        """The whole optimizer's state in torch's format, on every rank (tensors on the CPU).
+
+        A collective: call it on all ranks. It gathers every shard, so each rank briefly holds
+        the full state that sharding saves; meant for checkpoints. The result loads into an
+        unsharded ``optimizer_cls`` over the same parameters, or, through
+        :meth:`load_consolidated_state_dict`, into a ShardedOptimizer of any world size.
+        """
+        self._push_hyperparameters()
+        return checkpoint.consolidated_state_dict(self)
+
+    def load_consolidated_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a torch-format state dict of the whole optimizer, keeping this rank's shard.
+
+        Accepts :meth:`consolidated_state_dict` output from any world size, or the
+        ``state_dict()`` of an unsharded ``optimizer_cls`` over the same parameters.
+        """
+        assert self.local_optimizer is not None
+        self.local_optimizer.load_state_dict(checkpoint.local_shard_of(self, state_dict))
+        self._pull_hyperparameters()
