@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from cs336_systems.results.paths import results_path
+
 # Generous upper bounds: far above any real run, low enough to refuse a typo of ten zeros.
 MAX_RANKS = 1024
 MAX_COUNT = 1_000_000
@@ -116,6 +118,19 @@ class Choice(Check):
 
 
 @dataclass(frozen=True)
+class Name(Check):
+    """A name given to an outside system (a SLURM partition, a job name): one word."""
+
+    allowed: str = "one word of letters, digits, '.', '_', '-', '+', ':'"
+    bad_values: tuple[str, ...] = ("", "two words", "semi;colon")
+
+    def parse(self, text: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._+:-]+", text):
+            raise self.refuse(text)
+        return text
+
+
+@dataclass(frozen=True)
 class FolderName(Check):
     allowed: str = "one folder name (letters, digits, '.', '_', '-')"
     bad_values: tuple[str, ...] = ("a/b", "..", "")
@@ -136,6 +151,25 @@ class OutputFile(Check):
     def parse(self, text: str) -> Path:
         path = Path(text)
         if not text or path.is_dir() or text.endswith(("/", "\\")):
+            raise self.refuse(text)
+        for ancestor in path.resolve().parents:
+            if ancestor.exists():
+                if not ancestor.is_dir():
+                    raise self.refuse(text)
+                break
+        return path
+
+
+@dataclass(frozen=True)
+class OutputFolder(Check):
+    """A folder to write into: it may not exist yet, but it is not a file nor under one."""
+
+    allowed: str = "a folder path that exists or can be made"
+    bad_values: tuple[str, ...] = (str(Path(__file__).resolve()), str(Path(__file__).resolve() / "sub"))
+
+    def parse(self, text: str) -> Path:
+        path = Path(text)
+        if not text or (path.exists() and not path.is_dir()):
             raise self.refuse(text)
         for ancestor in path.resolve().parents:
             if ancestor.exists():
@@ -230,6 +264,10 @@ class Parser(argparse.ArgumentParser):
                           help=f"results file (default: writeup/results/<tag>/{default_name})")
         self.add_argument("--tag", type=FolderName(), default=None, metavar="NAME",
                           help="results folder under writeup/results (default: this machine's tag)")
+
+    def output_path(self, args: argparse.Namespace, kind: str, suffix: str | None = None) -> Path:
+        """Where the results go: ``--out``, else ``writeup/results/<--tag or machine tag>/<kind>[-<suffix>].json``."""
+        return args.out or results_path(kind, args.tag, suffix)
 
     def settings_from(self, args: argparse.Namespace, **overrides: Any) -> Any:
         """The settings dataclass from parsed arguments; its validate() errors end the script (exit 2)."""

@@ -24,6 +24,7 @@ import pytest
 from tests.scripts_runner import run_script
 
 from cs336_systems.launch import find_free_port
+from cs336_systems.results.kinds import read_any
 from cs336_systems.launch.slurm import (
     PORT_RANGE,
     SlurmJobSpec,
@@ -79,10 +80,10 @@ def test_torchrun_runs_a_benchmark_script_as_ranks(tmp_path):
     ]
     done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(out.read_text())
-    (record,) = results["records"]
-    assert record["world_size"] == WORLD_SIZE and results["meta"]["world_size"] == WORLD_SIZE
-    assert not record["skipped"] and record["correct"] is True
+    results = read_any(out)
+    (record,) = results.records
+    assert record.world_size == WORLD_SIZE and results.environment.world_size == WORLD_SIZE
+    assert record.measured and record.correct is True
 
 
 class _FakeJobEnvironment:
