@@ -10,6 +10,7 @@ versions found and exits 0. Imports nothing from the project.
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 import tomllib
@@ -26,7 +27,13 @@ def required_distributions(pyproject: Path = PYPROJECT) -> list[str]:
     return [re.split(r"[\s<>=!~;\[]", d, maxsplit=1)[0] for d in dependencies]
 
 
-def main(pyproject: Path = PYPROJECT) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """No options: the dependencies come from pyproject.toml."""
+    return argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+
+def main(argv: list[str] | None = None, pyproject: Path = PYPROJECT) -> int:
+    build_parser().parse_args(argv)
     found, missing = {}, []
     for name in required_distributions(pyproject):
         try:

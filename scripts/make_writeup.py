@@ -2,35 +2,45 @@
 
 Reads writeup/results/<machine tag>/*.json (and profile/ beneath each), skipping folders named
 quick* (smoke runs) unless named with --include-tag, and writes writeup/README.md,
-writeup/writeup.ipynb and writeup/figures/*.png. The same results give byte-identical files.
+writeup/writeup.ipynb and writeup/figures/*.png, each atomically. A results file that cannot be
+read is named in the writeup and set aside; the rest renders. The same results give
+byte-identical files.
 
     make writeup
     python scripts/make_writeup.py
-    python scripts/make_writeup.py --include-tag quick-dev --out-dir /tmp/writeup
+    python scripts/make_writeup.py --include-tag quick --out-dir /tmp/writeup
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from cs336_systems.run_metadata import REPO_ROOT
+from cs336_systems import cli
+from cs336_systems.results.environment import REPO_ROOT
+from cs336_systems.results.paths import RESULTS_ROOT
 from cs336_systems.writeup import render_writeup
 
 
+@dataclass(frozen=True)
+class WriteupSetting:
+    results_dir: Path = field(default=RESULTS_ROOT, metadata=cli.option(
+        "where the results folders are", cli.ExistingFolder()))
+    out_dir: Path = field(default=REPO_ROOT / "writeup", metadata=cli.option(
+        "where README.md, writeup.ipynb and figures/ go", cli.OutputFolder()))
+    include_tag: tuple[str, ...] = field(default=(), metadata=cli.option(
+        "render these results folders even if their names start with 'quick'", cli.FolderName(), many=True))
+
+
+def build_parser() -> cli.Parser:
+    return cli.Parser(WriteupSetting, __doc__)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--results-dir", type=Path, default=REPO_ROOT / "writeup" / "results")
-    parser.add_argument("--out-dir", type=Path, default=REPO_ROOT / "writeup")
-    parser.add_argument("--include-tag", action="append", default=[], metavar="TAG",
-                        help="render this results folder even if its name starts with 'quick' (repeatable)")
-    args = parser.parse_args(argv)
-    try:
-        rendered = render_writeup(args.results_dir, args.out_dir, include_tags=args.include_tag)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    parser = build_parser()
+    setting, _ = parser.parse_settings(argv)
+    rendered = render_writeup(setting.results_dir, setting.out_dir, include_tags=setting.include_tag)
     print(f"wrote {rendered.readme}, {rendered.notebook} and {len(rendered.figures)} figures")
     return 0
 

@@ -1,56 +1,108 @@
-"""Run a benchmark suite (cs336_systems/bench_suites.py) and then render the writeup.
+"""Run a benchmark suite (cs336_systems/bench/suites.py), then render the writeup.
 
     python scripts/run_benchmarks.py --suite cpu      # make bench
     python scripts/run_benchmarks.py --suite quick    # make bench-quick (smoke check)
     python scripts/run_benchmarks.py --suite gpu      # make bench-gpu (1-6 GPUs)
 
-Each step runs as its own process; a failing step stops the suite with its exit code.
+Each step runs as its own process and writes its own results file, atomically. A failing
+step stops the suite; SIGTERM or Ctrl-C stops the running step (and its ranks). Either way the
+results files of the finished steps stay, and the last lines say which steps are missing and
+the command that reruns the suite.
 """
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from cs336_systems.bench_suites import cpu_suite, gpu_suite, quick_suite
-from cs336_systems.run_metadata import REPO_ROOT, results_dir
+from cs336_systems import cli
+from cs336_systems.bench.suites import BenchStep, cpu_suite, gpu_suite, quick_suite
+from cs336_systems.launch import Interrupted
+from cs336_systems.launch.signals import raising_on_signals
+from cs336_systems.results.environment import REPO_ROOT
+from cs336_systems.results.paths import results_dir
+
+SUITES = {"cpu": "make bench", "quick": "make bench-quick", "gpu": "make bench-gpu"}
+STEP_STOP_GRACE_S = 30.0  # a stopped step's launcher stops its own ranks within 10 s
+
+
+@dataclass(frozen=True)
+class SuiteSetting:
+    suite: str = field(default="cpu", metadata=cli.choice("which suite", SUITES))
+    tag: str | None = field(default=None, metadata=cli.option(
+        "results folder under writeup/results (default: this machine's tag; 'quick' for the quick suite)",
+        cli.FolderName()))
+    no_writeup: bool = field(default=False, metadata=cli.switch("skip rendering the writeup at the end"))
+
+
+def build_parser() -> cli.Parser:
+    return cli.Parser(SuiteSetting, __doc__)
+
+
+def suite_steps(setting: SuiteSetting) -> tuple[Path, list[BenchStep]]:
+    out = results_dir(setting.tag or ("quick" if setting.suite == "quick" else None))
+    if setting.suite == "gpu":
+        return out, gpu_suite(out, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    return out, (quick_suite if setting.suite == "quick" else cpu_suite)(out)
+
+
+def _run_step(step: BenchStep) -> int:
+    """The step's exit status; on a signal, the step is stopped too and Interrupted is raised."""
+    process = subprocess.Popen([sys.executable, *step.command], cwd=REPO_ROOT)
+    try:
+        with raising_on_signals():
+            return process.wait()
+    except Interrupted as e:
+        if process.poll() is None:
+            process.send_signal(e.signum)
+            try:
+                process.wait(STEP_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        raise
+
+
+def _report_missing(steps: list[BenchStep], finished: list[BenchStep], suite: str) -> None:
+    missing = [s for s in steps if s not in finished]
+    if finished:
+        print("kept: " + ", ".join(f"{s.name} ({Path(s.out).name})" for s in finished), file=sys.stderr)
+    print(f"missing: {', '.join(s.name for s in missing)}; `{SUITES[suite]}` reruns the suite", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--suite", choices=["cpu", "quick", "gpu"], required=True)
-    parser.add_argument("--tag", default=None, help="results folder (default: machine tag; 'quick' for --suite quick)")
-    parser.add_argument("--no-writeup", action="store_true", help="skip rendering the writeup at the end")
-    args = parser.parse_args(argv)
-
-    tag = args.tag or ("quick" if args.suite == "quick" else None)
-    out = results_dir(tag)
+    parser = build_parser()
+    setting, _ = parser.parse_settings(argv)
     try:
-        if args.suite == "gpu":
-            steps = gpu_suite(str(out), torch.cuda.device_count() if torch.cuda.is_available() else 0)
-        else:
-            steps = (quick_suite if args.suite == "quick" else cpu_suite)(str(out))
+        out, steps = suite_steps(setting)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"suite {args.suite}: {len(steps)} steps, results in {out.relative_to(REPO_ROOT)}")
+        parser.error(str(e))
+    print(f"suite {setting.suite}: {len(steps)} steps, results in {out.relative_to(REPO_ROOT)}")
     started = time.monotonic()
-    for step in tqdm(steps, desc=f"bench {args.suite}", unit="step"):
-        tqdm.write(f"--- {step.name}: python {step.script} {' '.join(step.args)}")
+    finished: list[BenchStep] = []
+    for step in tqdm(steps, desc=f"bench {setting.suite}", unit="step"):
+        tqdm.write(f"--- {step.name}: python {' '.join(step.command)}")
         step_start = time.monotonic()
-        done = subprocess.run([sys.executable, str(REPO_ROOT / step.script), *step.args], cwd=REPO_ROOT)
-        tqdm.write(f"--- {step.name}: exit {done.returncode} after {time.monotonic() - step_start:.0f} s")
-        if done.returncode != 0:
-            print(f"error: step '{step.name}' failed with exit code {done.returncode}", file=sys.stderr)
-            return done.returncode
-    print(f"suite {args.suite} finished in {time.monotonic() - started:.0f} s")
-    if args.no_writeup or args.suite == "quick":
+        try:
+            status = _run_step(step)
+        except Interrupted as e:
+            print(f"interrupted: {e}, during step '{step.name}'", file=sys.stderr)
+            _report_missing(steps, finished, setting.suite)
+            return e.exit_status
+        tqdm.write(f"--- {step.name}: exit {status} after {time.monotonic() - step_start:.0f} s")
+        if status != 0:
+            print(f"error: step '{step.name}' failed with exit status {status}", file=sys.stderr)
+            _report_missing(steps, finished, setting.suite)
+            return status if status > 0 else 128 - status
+        finished.append(step)
+    print(f"suite {setting.suite} finished in {time.monotonic() - started:.0f} s")
+    if setting.no_writeup or setting.suite == "quick":
         return 0
     return subprocess.run([sys.executable, str(REPO_ROOT / "scripts" / "make_writeup.py")], cwd=REPO_ROOT).returncode
 

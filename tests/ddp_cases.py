@@ -82,7 +82,7 @@ class Case:
     """One training run, identical in the DDP ranks and in the single-process reference."""
 
     name: str
-    variant: str  # "naive", "flat", "individual" or "bucketed"
+    variant: str  # "naive", "flat", "per-parameter" or "bucketed"
     model: str  # key of MODELS
     optimizer: str  # "sgd" (momentum 0.9) or "adamw"
     bucket_size_mb: float | str | None = None  # bucketed only; "auto" calibrates
@@ -107,7 +107,7 @@ def wrap(case: Case, module: nn.Module) -> nn.Module:
         return adapters.get_ddp_naive(module)
     if case.variant == "flat":
         return adapters.get_ddp_flat(module)
-    if case.variant == "individual":
+    if case.variant == "per-parameter":
         return adapters.get_ddp_individual_parameters(module)
     if case.variant == "bucketed" and case.bucket_options:
         return BucketedDDP(module, bucket_size_mb=case.bucket_size_mb, **dict(case.bucket_options))
@@ -186,7 +186,7 @@ def run_ddp_cases(ctx: RankContext, cases: list[Case]) -> dict[str, dict]:
     return {case.name: _run_ddp_case(ctx, case) for case in cases}
 
 
-SHARED_MODULE_WRAPPERS = ("naive", "flat", "individual", "bucketed")
+SHARED_MODULE_WRAPPERS = ("naive", "flat", "per-parameter", "bucketed")
 
 
 def run_wrappers_sharing_one_module(ctx: RankContext, case: Case) -> list[dict[str, torch.Tensor]]:

@@ -7,38 +7,52 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.bench_suites import cpu_suite, gpu_suite, quick_suite
+from cs336_systems.bench.suites import cpu_suite, gpu_suite, quick_suite
 
 pytestmark = pytest.mark.problem("beyond")
 REPO = Path(__file__).resolve().parents[1]
-RESULT_FILES = {"allreduce.json", "naive_ddp.json", "ddp_step.json", "ablation.json", "sharded_optimizer.json"}
+OUT = Path("OUT")
+RESULT_FILES = {"allreduce.json", "naive_ddp.json", "ddp_step.json", "ddp_step-ablation.json",
+                "profile/profile.json", "sharded_optimizer.json"}
+
+
+def _arg(step, flag: str) -> str:
+    return step.args[step.args.index(flag) + 1]
 
 
 @pytest.mark.parametrize("suite", [cpu_suite, quick_suite, lambda out: gpu_suite(out, 2), lambda out: gpu_suite(out, 1)])
 def test_steps_run_existing_scripts_into_the_results_folder(suite):
-    steps = suite("OUT")
+    steps = suite(OUT)
     for step in steps:
         assert (REPO / step.script).is_file(), step.script
-    outputs = {Path(a).name for s in steps for a in s.args if a.startswith("OUT/") and a.endswith(".json")}
-    assert outputs - {"ddp_step_nccl1.json"} == RESULT_FILES
-    assert any("OUT/profile" in s.args for s in steps)
+        assert step.command[-2:] == ["--out", step.out]
+    outputs = {Path(s.out).relative_to(OUT).as_posix() for s in steps}
+    assert outputs - {"ddp_step-nccl1.json"} == RESULT_FILES
 
 
 def test_gpu_suite_uses_nccl_only_with_a_gpu_per_rank():
-    two = " ".join(a for s in gpu_suite("OUT", 2) for a in s.args)
+    two = " ".join(a for s in gpu_suite(OUT, 2) for a in s.args)
     assert "nccl" in two and "--world-sizes 2 " in two and "xl" in two
-    *shared, rehearsal = gpu_suite("OUT", 1)
+    *shared, rehearsal = gpu_suite(OUT, 1)
     one = " ".join(a for s in shared for a in s.args)
-    assert "nccl" not in one and "--shared-gpu" in one
+    assert "nccl" not in one and "--backend gloo" in one
     # One GPU rehearses the multi-GPU DDP runs: NCCL at world size 1, xl, torch's DDP beside.
-    assert rehearsal.args[rehearsal.args.index("--backend") + 1] == "nccl"
-    assert rehearsal.args[rehearsal.args.index("--world-size") + 1] == "1"
-    assert rehearsal.args[rehearsal.args.index("--model-size") + 1] == "xl"
-    assert "--no-torch-ddp" not in rehearsal.args and rehearsal.args[-1].endswith("ddp_step_nccl1.json")
+    assert (_arg(rehearsal, "--backend"), _arg(rehearsal, "--world-size"), _arg(rehearsal, "--model-size")) == (
+        "nccl", "1", "xl")
+    assert "--no-torch-ddp" not in rehearsal.args and rehearsal.out.endswith("ddp_step-nccl1.json")
     # xl's wrappers take turns in GPU memory; the CPU model's all stay built.
     assert two.count("--rebuild-each-round") == 2 and "--rebuild-each-round" not in " ".join(
-        a for s in cpu_suite("OUT") for a in s.args)
-    six = [s for s in gpu_suite("OUT", 6) if s.name == "all-reduce grid"][0]
+        a for s in cpu_suite(OUT) for a in s.args)
+    six = [s for s in gpu_suite(OUT, 6) if s.name == "all-reduce grid"][0]
     assert six.args[six.args.index("--world-sizes") + 1 : six.args.index("--world-sizes") + 4] == ("2", "4", "6")
     with pytest.raises(ValueError, match="no CUDA GPU"):
-        gpu_suite("OUT", 0)
+        gpu_suite(OUT, 0)
+
+
+def test_profile_and_step_benchmark_train_the_same_batch():
+    """The timelines explain the step benchmark's numbers only if they ran the same workload."""
+    for steps in (cpu_suite(OUT), gpu_suite(OUT, 1), gpu_suite(OUT, 2)):
+        by_name = {s.name: s for s in steps}
+        step, profile = by_name["DDP step benchmark"], by_name["profiler timelines"]
+        for flag in ("--model-size", "--context-length", "--global-batch"):
+            assert _arg(step, flag) == _arg(profile, flag), flag

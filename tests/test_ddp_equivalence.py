@@ -21,7 +21,7 @@ from tests.ddp_cases import Case, run_ddp_cases, run_single_process
 VARIANT_PROBLEM = {
     "naive": "naive_ddp",
     "flat": "naive_ddp",  # flat is a re-packaging of naive's all-reduce (problem 4)
-    "individual": "ddp_overlap_individual_parameters",
+    "per-parameter": "ddp_overlap_individual_parameters",
     "bucketed": "ddp_overlap_bucketed",
 }
 # EdgeCaseModel's synced parameters: encode 16x8, hidden.weight 16x16, hidden64 (float64)
@@ -34,13 +34,13 @@ def _cases() -> list[Case]:
     cases = []
     for model in ("edge", "routed"):
         for optimizer in ("sgd", "adamw"):
-            for variant in ("naive", "flat", "individual"):
+            for variant in ("naive", "flat", "per-parameter"):
                 cases.append(Case(f"{variant}-{model}-{optimizer}", variant, model, optimizer))
             for label, size in BUCKET_SIZES.items():
                 cases.append(
                     Case(f"bucketed[{label}]-{model}-{optimizer}", "bucketed", model, optimizer, size)
                 )
-    for variant in ("naive", "flat", "individual", "bucketed"):
+    for variant in ("naive", "flat", "per-parameter", "bucketed"):
         size = BUCKET_SIZES["few"] if variant == "bucketed" else None
         cases.append(Case(f"{variant}-edge-sgd-no_sync", variant, "edge", "sgd", size, accumulate=True))
     few = BUCKET_SIZES["few"]

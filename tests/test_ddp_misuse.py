@@ -45,7 +45,7 @@ def _misuse_in_training(ctx: RankContext) -> dict[str, str]:
     x, y = torch.randn(4, 10), torch.randn(4, 5)
     errors = {}
     for name, wrap in (
-        ("individual", adapters.get_ddp_individual_parameters),
+        ("per-parameter", adapters.get_ddp_individual_parameters),
         ("bucketed", lambda m: adapters.get_ddp_bucketed(m, bucket_size_mb=0.001)),
     ):
         ddp = wrap(ToyModel())
@@ -69,7 +69,7 @@ def _misuse_in_training(ctx: RankContext) -> dict[str, str]:
 @pytest.mark.timeout(300)
 def test_unfinished_step_and_double_backward_raise():
     errors = launch(_misuse_in_training, 2, timeout_s=60)[0]
-    for name in ("individual", "bucketed"):
+    for name in ("per-parameter", "bucketed"):
         assert "finish_gradient_synchronization() was not called" in errors[f"{name}-forward"]
         assert "no_sync()" in errors[f"{name}-backward"]
 

@@ -35,11 +35,13 @@ import runpy
 import signal
 import sys
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import submitit
+
+from cs336_systems import cli
 
 # Ports below 1024 need root; Linux hands out 32768-60999 to outgoing connections (the
 # ip_local_port_range default), so a fixed port there could be taken by any client socket.
@@ -49,17 +51,21 @@ PORT_RANGE = (15_000, 30_000)
 
 @dataclass(frozen=True)
 class SlurmJobSpec:
-    """What to ask SLURM for."""
+    """What to ask SLURM for (each field is a flag of scripts/submit_slurm.py)."""
 
-    nodes: int = 1  # machines in the allocation
-    gpus_per_node: int = 0  # GPUs per machine; 0 for CPU jobs
-    tasks_per_node: int | None = None  # ranks per machine; None: gpus_per_node, or 1 without GPUs
-    cpus_per_task: int | None = None  # None: the cluster's default
-    partition: str | None = None  # SLURM partition; None: the cluster's default
-    time_min: int = 60  # wall-clock limit of the job, minutes
-    folder: str = "slurm_logs"  # submitit's logs and pickles
-    cluster: str | None = None  # None: detect (slurm if sbatch is found); "local" or "debug" to test
-    name: str = "cs336-ddp"  # job name shown by squeue
+    nodes: int = field(default=1, metadata=cli.count("machines in the allocation", maximum=cli.MAX_RANKS))
+    gpus_per_node: int = field(default=0, metadata=cli.count("GPUs per machine; 0 for CPU jobs", minimum=0, maximum=64))
+    tasks_per_node: int | None = field(default=None, metadata=cli.count(
+        "ranks per machine (default: --gpus-per-node, or 1 without GPUs)", maximum=cli.MAX_RANKS))
+    cpus_per_task: int | None = field(default=None, metadata=cli.count(
+        "CPU cores per rank (default: the cluster's)", maximum=1024))
+    partition: str | None = field(default=None, metadata=cli.option(
+        "SLURM partition (default: the cluster's)", cli.Name()))
+    time_min: int = field(default=60, metadata=cli.count("wall-clock limit of the job, minutes", maximum=60 * 24 * 30))
+    folder: str | Path = field(default="slurm_logs", metadata=cli.option("submitit's logs and pickles", cli.OutputFolder()))
+    cluster: str | None = field(default=None, metadata=cli.choice(
+        "run without SLURM: 'local' subprocesses or 'debug' in this process (default: SLURM)", ("local", "debug")))
+    name: str = field(default="cs336-ddp", metadata=cli.option("job name shown by squeue", cli.Name()))
 
     @property
     def ranks_per_node(self) -> int:

@@ -2,23 +2,26 @@
 
 A suite is an ordered list of steps; each step runs one of our scripts as its own process
 (so that one step's memory, threads and process groups cannot leak into the next, and the
-memory accounting sees a fresh process) and writes one results file under
-``writeup/results/<tag>/``. The suites end by rendering the writeup.
+memory accounting sees a fresh process) and writes one results file, at the path
+``results.paths`` gives it. The suites end by rendering the writeup.
 
 * ``cpu``: gloo on this machine's CPUs, sized to finish in under 15 minutes on 2 cores;
 * ``quick``: the same path with minimal sizes (a smoke check, under 3 minutes), written to
   ``writeup/results/quick/``, which the writeup ignores;
 * ``gpu``: with 2-6 GPUs, NCCL at the handout's settings (the xl model on 2 GPUs for the DDP
   problems, 2/4/6 GPUs for the all-reduce grid where available); with 1 GPU, gloo ranks sharing
-  it, every record marked ``shared_gpu``, and a rehearsal of the multi-GPU DDP runs: NCCL at
-  world size 1 on the handout's xl setting, every variant beside torch's DDP. One rank's
-  all-reduce moves nothing, so what that run measures is each wrapper's own cost on a GPU
-  (host work, launches, waits), which the 2-6 GPU runs would add to every step.
+  it (every record says so) and a rehearsal of the multi-GPU DDP runs: NCCL at world size 1 on
+  the handout's xl setting, every variant beside torch's DDP. One rank's all-reduce moves
+  nothing, so that run measures each wrapper's own cost on a GPU (host work, launches, waits),
+  which the 2-6 GPU runs would add to every step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from cs336_systems.results.paths import PROFILE_DIR
 
 
 @dataclass(frozen=True)
@@ -27,11 +30,16 @@ class BenchStep:
 
     name: str  # what the progress bar shows
     script: str  # path relative to the repository root
-    args: tuple[str, ...]  # its command-line arguments (results paths included)
+    args: tuple[str, ...]  # its command-line arguments, --out included
+    out: str  # the results file it writes
+
+    @property
+    def command(self) -> list[str]:
+        return [self.script, *self.args, "--out", self.out]
 
 
 def _steps_for(
-    out: str,
+    out: Path,
     *,
     allreduce: tuple[str, ...],
     ddp: tuple[str, ...],
@@ -41,25 +49,18 @@ def _steps_for(
     naive_steps: int,
 ) -> list[BenchStep]:
     steps = [
-        BenchStep("all-reduce grid", "scripts/bench_allreduce.py", (*allreduce, "--out", f"{out}/allreduce.json")),
-        BenchStep(
-            "naive DDP equivalence",
-            "scripts/naive_ddp.py",
-            ("--world-size", "2", "--steps", str(naive_steps), "--out", f"{out}/naive_ddp.json"),
-        ),
-        BenchStep("DDP step benchmark", "scripts/bench_ddp.py", (*ddp, "--out", f"{out}/ddp_step.json")),
+        BenchStep("all-reduce grid", "scripts/bench_allreduce.py", allreduce, f"{out}/allreduce.json"),
+        BenchStep("naive DDP equivalence", "scripts/naive_ddp.py", ("--world-size", "2", "--steps", str(naive_steps)),
+                  f"{out}/naive_ddp.json"),
+        BenchStep("DDP step benchmark", "scripts/bench_ddp.py", ddp, f"{out}/ddp_step.json"),
     ]
     if ablation is not None:
-        steps.append(
-            BenchStep("bucketed DDP ablation", "scripts/bench_ddp.py", (*ablation, "--ablation", "--out", f"{out}/ablation.json"))
-        )
+        steps.append(BenchStep("bucketed DDP ablation", "scripts/bench_ddp.py", (*ablation, "--ablation"),
+                               f"{out}/ddp_step-ablation.json"))
     steps += [
-        BenchStep("profiler timelines", "scripts/profile_ddp.py", (*profile, "--out-dir", f"{out}/profile")),
-        BenchStep(
-            "sharded optimizer accounting",
-            "scripts/bench_sharded_optimizer.py",
-            (*sharded, "--out", f"{out}/sharded_optimizer.json"),
-        ),
+        BenchStep("profiler timelines", "scripts/profile_ddp.py", profile, f"{out}/{PROFILE_DIR}/profile.json"),
+        BenchStep("sharded optimizer accounting", "scripts/bench_sharded_optimizer.py", sharded,
+                  f"{out}/sharded_optimizer.json"),
     ]
     return steps
 
@@ -67,7 +68,7 @@ def _steps_for(
 CPU_DDP = ("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4", "--world-size", "2")
 
 
-def cpu_suite(out: str) -> list[BenchStep]:
+def cpu_suite(out: Path) -> list[BenchStep]:
     return _steps_for(
         out,
         allreduce=("--backend", "gloo", "--device", "cpu", "--world-sizes", "2", "4", "6",
@@ -78,12 +79,12 @@ def cpu_suite(out: str) -> list[BenchStep]:
         ddp=(*CPU_DDP, "--rounds", "16", "--steps-per-round", "1", "--bucket-sizes-mb", "1", "10", "100", "1000"),
         ablation=(*CPU_DDP, "--rounds", "32", "--steps-per-round", "1"),
         profile=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
-        sharded=("--model-size", "cpu-small", "--context-length", "128", "--batch-per-rank", "2"),
+        sharded=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
         naive_steps=10,
     )
 
 
-def quick_suite(out: str) -> list[BenchStep]:
+def quick_suite(out: Path) -> list[BenchStep]:
     tiny = ("--model-size", "tiny", "--context-length", "32")
     return _steps_for(
         out,
@@ -92,27 +93,27 @@ def quick_suite(out: str) -> list[BenchStep]:
         ddp=(*tiny, "--global-batch", "4", "--rounds", "1", "--steps-per-round", "2", "--bucket-sizes-mb", "0.1", "1"),
         ablation=(*tiny, "--global-batch", "4", "--rounds", "1", "--steps-per-round", "1"),
         profile=(*tiny, "--global-batch", "4"),
-        sharded=(*tiny, "--batch-per-rank", "2", "--steps", "2"),
+        sharded=(*tiny, "--global-batch", "4", "--steps", "2"),
         naive_steps=3,
     )
 
 
-def nccl_rehearsal_step(out: str) -> BenchStep:
+def nccl_rehearsal_step(out: Path) -> BenchStep:
     """xl on one GPU with NCCL at world size 1: every wrapper's own cost beside torch's DDP."""
     args = ("--device", "cuda", "--backend", "nccl", "--world-size", "1", "--model-size", "xl",
             "--context-length", "128", "--global-batch", "4", "--rebuild-each-round",
             "--rounds", "5", "--steps-per-round", "2", "--bucket-sizes-mb", "1", "10", "25", "100", "1000")
-    return BenchStep("DDP step, NCCL world size 1 (xl)", "scripts/bench_ddp.py", (*args, "--out", f"{out}/ddp_step_nccl1.json"))
+    return BenchStep("DDP step, NCCL world size 1 (xl)", "scripts/bench_ddp.py", args, f"{out}/ddp_step-nccl1.json")
 
 
-def gpu_suite(out: str, gpu_count: int) -> list[BenchStep]:
+def gpu_suite(out: Path, gpu_count: int) -> list[BenchStep]:
     """Raises ValueError without a GPU: there is nothing of this suite to run."""
     if gpu_count < 1:
         raise ValueError("no CUDA GPU is visible: `make bench-gpu` needs a node with 1-6 GPUs (run `make bench` for CPUs)")
     if gpu_count == 1:
         # NCCL needs one GPU per rank: with one GPU, ranks share it through gloo, and every
         # record says so. The xl model does not fit twice on one GPU; "small" does.
-        ddp = ("--device", "cuda", "--backend", "gloo", "--shared-gpu", "--model-size", "small",
+        ddp = ("--device", "cuda", "--backend", "gloo", "--model-size", "small",
                "--context-length", "128", "--global-batch", "8", "--world-size", "2")
         return _steps_for(
             out,
@@ -120,8 +121,8 @@ def gpu_suite(out: str, gpu_count: int) -> list[BenchStep]:
                        "--sizes-mb", "1", "10", "100", "1000"),
             ddp=(*ddp, "--rounds", "3", "--steps-per-round", "3"),
             ablation=(*ddp, "--rounds", "3", "--steps-per-round", "3"),
-            profile=("--device", "cuda", "--backend", "gloo", "--model-size", "small", "--context-length", "128"),
-            sharded=("--device", "cuda", "--backend", "gloo", "--model-size", "small", "--batch-per-rank", "4"),
+            profile=ddp,
+            sharded=("--device", "cuda", "--backend", "gloo", "--model-size", "small", "--global-batch", "8"),
             naive_steps=10,
         ) + [nccl_rehearsal_step(out)]
     world_sizes = [str(n) for n in (2, 4, 6) if n <= gpu_count]
@@ -135,7 +136,7 @@ def gpu_suite(out: str, gpu_count: int) -> list[BenchStep]:
                    "--sizes-mb", "1", "10", "100", "1000"),
         ddp=(*xl_step, "--rounds", "3", "--steps-per-round", "3", "--bucket-sizes-mb", "1", "10", "100", "1000"),
         ablation=(*xl_step, "--rounds", "3", "--steps-per-round", "3"),
-        profile=("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--global-batch", "16"),
-        sharded=("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--batch-per-rank", "4"),
+        profile=xl,
+        sharded=("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--global-batch", "8"),
         naive_steps=10,
     )
