@@ -30,8 +30,8 @@ else
 	$(UV_CMD) sync --locked
 endif
 
-test: env ## run every correctness test in parallel, then print the grade table
-	$(PY) -m pytest -n auto --dist loadgroup
+test: env ## run every correctness test in parallel, print the grade table and write it to writeup/results
+	$(PY) -m pytest -n auto --dist loadgroup --grades-out auto
 
 bench: env ## CPU benchmarks with gloo on this machine (<15 min on 2 cores), then the writeup
 	$(PY) scripts/run_benchmarks.py --suite cpu

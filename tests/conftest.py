@@ -10,9 +10,14 @@ from cs336_systems.launch import find_free_port
 from tests.grading import GradeReport
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--grades-out", default=None, metavar="PATH",
+                     help="also write the grade table as a results file ('auto': this machine's results folder)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("grade-report"):
-        config.pluginmanager.register(GradeReport(), "grade-report")
+        config.pluginmanager.register(GradeReport(config.getoption("--grades-out")), "grade-report")
 
 
 @pytest.fixture(autouse=True)

@@ -2,8 +2,10 @@
 
 Each test names the handout problem it grades with ``@pytest.mark.problem("<name>")``. The
 public CS336 test files carry no marker, so they are recognised by file name. Points are the
-handout's (CS336 spring 2025, assignment 2, section 2); a problem earns its points in
-proportion to the tests it passed, and a problem with no tests earns nothing.
+handout's (cs336_systems/problems.py: spring 2025 section 2, and the 2026 edition's FSDP); a
+problem earns its points in proportion to the tests it passed, and one with no tests earns
+nothing. With ``--grades-out PATH`` (``make test`` passes it) the table is also written as a
+results file of kind "grades", which the writeup's map of problems reads.
 
 Works under pytest-xdist: workers attach the problem to each report's ``user_properties``,
 which travel to the controller that prints the table.
@@ -12,23 +14,17 @@ which travel to the controller that prints the table.
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
-PROBLEM_POINTS = {
-    "distributed_communication_single_node": 5,
-    "naive_ddp": 5,
-    "naive_ddp_benchmarking": 3,
-    "minimal_ddp_flat_benchmarking": 2,
-    "ddp_overlap_individual_parameters": 5,
-    "ddp_overlap_individual_parameters_benchmarking": 1,
-    "ddp_overlap_bucketed": 8,
-    "ddp_bucketed_benchmarking": 3,
-    "optimizer_state_sharding": 15,
-    # FSDP is in the 2026 handout only; its points are not in the spring-2025 table above,
-    # so it is graded pass/fail here until the table moves to the 2026 handout's points.
-    "fsdp": 0,
-}
+from cs336_systems.problems import TESTED_POINTS, GradeRecord
+from cs336_systems.launch import default_device_type
+from cs336_systems.results.environment import collect_environment
+from cs336_systems.results.files import ResultsFile, write_results
+from cs336_systems.results.paths import results_path
+
+PROBLEM_POINTS = TESTED_POINTS  # the handout's points of every problem the tests grade
 BEYOND = "beyond"  # our own additions: graded for pass/fail, no handout points
 PUBLIC_TEST_FILES = {
     "test_ddp_individual_parameters.py": "ddp_overlap_individual_parameters",
@@ -50,7 +46,8 @@ def problem_of(item: pytest.Item) -> str:
 
 
 class GradeReport:
-    def __init__(self) -> None:
+    def __init__(self, grades_out: str | None = None) -> None:
+        self.grades_out = grades_out
         self.problem: dict[str, str] = {}
         self.failed: set[str] = set()
         self.passed: set[str] = set()
@@ -72,6 +69,18 @@ class GradeReport:
             self.skipped.add(report.nodeid)
         elif report.when == "call":
             self.passed.add(report.nodeid)
+
+    def records(self) -> list[GradeRecord]:
+        failed, files = defaultdict(list), defaultdict(set)
+        for nodeid in sorted(self.failed):
+            failed[self.problem[nodeid]].append(nodeid)
+        for nodeid, problem in self.problem.items():
+            files[problem].add(nodeid.split("::")[0])
+        return [
+            GradeRecord(name, ok, total, skipped, earned if name in PROBLEM_POINTS else None,
+                        int(possible) if name in PROBLEM_POINTS else None, sorted(files[name]), failed[name])
+            for name, ok, total, skipped, earned, possible in self.rows()
+        ]
 
     def rows(self) -> list[tuple[str, int, int, int, float, float]]:
         """(problem, passed, total, skipped, points earned, points possible) per problem."""
@@ -106,3 +115,13 @@ class GradeReport:
         ok = sum(r[1] for r in rows)
         total = sum(r[2] for r in rows)
         tr.write_line(f"{'total':<48} {f'{ok}/{total}':>9} {'':>8} {f'{earned:.1f}/{possible:.0f}':>12}")
+        if self.grades_out and not hasattr(terminalreporter.config, "workerinput"):
+            self._write(terminalreporter)
+
+    def _write(self, terminalreporter) -> None:
+        """The grade table as a results file, from the controller only (xdist workers see part)."""
+        path = results_path(GradeRecord.KIND) if self.grades_out == "auto" else Path(self.grades_out)
+        environment = collect_environment("gloo", 1, default_device_type())
+        args = [str(a) for a in terminalreporter.config.invocation_params.args]
+        write_results(path, ResultsFile(GradeRecord.KIND, environment, {"pytest_args": args}, self.records()))
+        terminalreporter.write_line(f"grade table written to {path}")

@@ -21,6 +21,7 @@ KINDS = {
     "sharded_optimizer": "cs336_systems.bench.accounting.record:AccountingRecord",
     "fsdp_step": "cs336_systems.bench.fsdp.record:FsdpStepRecord",
     "doctor": "cs336_systems.doctor.report:DoctorReport",
+    "grades": "cs336_systems.problems:GradeRecord",
 }
 
 

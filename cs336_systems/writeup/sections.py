@@ -23,6 +23,7 @@ from cs336_systems.writeup.doctor_section import doctor_section
 from cs336_systems.writeup.sharding_section import sharding_accounting_section
 from cs336_systems.writeup.context import RenderContext, Section, SectionFn
 from cs336_systems.writeup.load import MachineResults
+from cs336_systems.writeup.problems_section import problems_section
 from cs336_systems.writeup.ddp_sections import (
     all_variants_section,
     bucketed_benchmarking_section,
@@ -77,6 +78,7 @@ def intro_section(ctx: RenderContext) -> Section:
 
 SECTIONS: list[SectionFn] = [
     intro_section,
+    problems_section,
     allreduce_section,
     naive_ddp_section,
     naive_benchmarking_section,

@@ -1,0 +1,71 @@
+"""The handout's problems this repo answers: points, what each asks for, and where it lives.
+
+One list for the grade table printed by ``make test`` (tests/grading.py), for the writeup's
+map of problems to sections and tests, and for a newcomer looking for a problem in the tree.
+Problems are those of CS336 assignment 2's distributed part, spring 2025 edition (section 2 and
+optimizer state sharding), and the FSDP problems the 2026 edition adds; ``edition`` says which.
+``make test`` writes the grade table as a results file (kind "grades") that the writeup reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from cs336_systems.results.schema import Record
+
+CODE, MEASURED, WRITTEN = "code", "measured", "written"  # what a problem's deliverable is
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str  # the handout's name for it
+    points: int  # the handout's points
+    edition: str  # "2025", "2026" or "both"
+    deliverable: str  # CODE (graded by tests), MEASURED (a benchmark and its writeup), WRITTEN (analysis)
+    where: tuple[str, ...]  # the code that answers it, from the repository root
+    tested: bool  # graded by the test suite (the grade table's rows)
+
+
+PROBLEMS: tuple[Problem, ...] = (
+    Problem("distributed_communication_single_node", 5, "both", MEASURED,
+            ("cs336_systems/bench/allreduce/", "scripts/bench_allreduce.py"), True),
+    Problem("naive_ddp", 5, "both", CODE,
+            ("cs336_systems/ddp/naive.py", "cs336_systems/bench/equivalence.py", "scripts/naive_ddp.py"), True),
+    Problem("naive_ddp_benchmarking", 3, "both", MEASURED, ("cs336_systems/bench/step/", "scripts/bench_ddp.py"), True),
+    Problem("minimal_ddp_flat_benchmarking", 2, "both", MEASURED,
+            ("cs336_systems/ddp/flat.py", "cs336_systems/bench/step/"), True),
+    Problem("ddp_overlap_individual_parameters", 5, "both", CODE,
+            ("cs336_systems/ddp/per_parameter.py", "cs336_systems/ddp/overlap.py"), True),
+    Problem("ddp_overlap_individual_parameters_benchmarking", 1, "both", MEASURED,
+            ("cs336_systems/bench/step/", "cs336_systems/bench/profile/", "scripts/profile_ddp.py"), True),
+    Problem("ddp_overlap_bucketed", 8, "2025", CODE,
+            ("cs336_systems/ddp/bucketed.py", "cs336_systems/ddp/bucket.py", "cs336_systems/ddp/flat_buffer.py"), True),
+    Problem("ddp_bucketed_benchmarking", 3, "2025", MEASURED,
+            ("cs336_systems/bench/step/", "cs336_systems/ddp/overhead_model.py"), True),
+    Problem("communication_accounting", 10, "2025", WRITTEN, ("cs336_systems/writeup/",), False),
+    Problem("optimizer_state_sharding", 15, "both", CODE, ("cs336_systems/zero/",), True),
+    Problem("optimizer_state_sharding_accounting", 5, "both", MEASURED,
+            ("cs336_systems/bench/accounting/", "scripts/bench_sharded_optimizer.py"), False),
+    Problem("fsdp", 15, "2026", CODE, ("cs336_systems/fsdp/",), True),
+    Problem("fsdp_accounting", 5, "2026", MEASURED, ("cs336_systems/bench/fsdp/", "scripts/bench_fsdp.py"), False),
+)
+BY_NAME = {p.name: p for p in PROBLEMS}
+TESTED_POINTS = {p.name: p.points for p in PROBLEMS if p.tested}
+
+
+@dataclass(frozen=True)
+class GradeRecord(Record):
+    """One row of the grade table ``make test`` printed."""
+
+    KIND: ClassVar[str] = "grades"
+    VERSION: ClassVar[int] = 1
+
+    problem: str  # a Problem's name, or "beyond" for tests of our own additions
+    passed: int
+    total: int  # tests that ran (skipped ones are not counted)
+    skipped: int
+    points: float | None  # earned: the problem's points times passed / total; None for "beyond"
+    possible: int | None
+    files: list[str]  # the test files that grade it
+    failed: list[str]  # test ids that failed
