@@ -2,8 +2,10 @@
 
 Runs compute-only, naive, flat, per-parameter, bucketed (one per --bucket-sizes-mb) and
 torch.nn.parallel.DistributedDataParallel in one process group, interleaved round by round,
-and writes one JSON record per variant (median step time, time in gradient synchronisation,
-exposed overhead, tokens/s, all-reduce calls per step) with the setting and environment.
+and writes one record per variant (median step time, time in gradient synchronisation,
+exposed overhead with its 95% interval, tokens/s, all-reduce calls per step) with the setting
+and environment to writeup/results/<tag>/ddp_step.json; --ablation times the bucketed-DDP
+levers instead and writes ddp_step-ablation.json.
 
 Three ways to run it:
 
@@ -19,87 +21,57 @@ Three ways to run it:
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 
-from cs336_systems.ddp_benchmark import (
-    ABLATION_VARIANTS,
-    StepBenchmarkSetting,
-    run_step_benchmark,
-    setting_record,
-)
-from cs336_systems.launch import running_under_launcher
-from cs336_systems.run_metadata import collect_environment, results_dir, write_results
+from cs336_systems import cli
+from cs336_systems.bench.step import StepRecord, StepRun, StepSetting, run_step_benchmark
+from cs336_systems.launch import Interrupted
+from cs336_systems.results.environment import collect_environment
+from cs336_systems.results.files import ResultsFile, write_results
+from cs336_systems.results.paths import results_path
+from cs336_systems.results.schema import to_json
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    d = StepBenchmarkSetting()
-    p.add_argument("--model-size", default=d.model_size)
-    p.add_argument("--context-length", type=int, default=d.context_length)
-    p.add_argument("--global-batch", type=int, default=d.global_batch)
-    p.add_argument("--world-size", type=int, default=d.world_size)
-    p.add_argument("--device", choices=["cpu", "cuda"], default=d.device_type)
-    p.add_argument("--backend", choices=["gloo", "nccl"], default=None)
-    p.add_argument("--bucket-sizes-mb", type=float, nargs="*", default=list(d.bucket_sizes_mb))
-    p.add_argument("--rounds", type=int, default=d.rounds)
-    p.add_argument("--steps-per-round", type=int, default=d.steps_per_round)
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    p.add_argument("--rebuild-each-round", action="store_true",
-                   help="build, warm up and drop our wrappers within each round, so that only one "
-                        "wrapper's gradient buffers exist at a time (large models)")
-    p.add_argument("--no-torch-ddp", action="store_true", help="leave torch's DDP out")
-    p.add_argument("--variants", nargs="*", default=None,
-                   help="explicit variants, e.g. compute-only bucketed-25MB-copy torch-ddp")
-    p.add_argument("--ablation", action="store_true",
-                   help="the bucketed-DDP lever ablation (writes ablation.json by default)")
-    p.add_argument("--shared-gpu", action="store_true", help="mark records: ranks share one GPU")
-    p.add_argument("--tag", default=None, help="results folder name (default: machine tag)")
-    p.add_argument("--out", default=None, help="output JSON (default: writeup/results/<tag>/ddp_step.json)")
-    return p.parse_args(argv)
+def _ms(seconds: float | None) -> str | None:
+    return None if seconds is None else f"{1e3 * seconds:.1f}"
+
+
+def format_records(records: list[StepRecord]) -> str:
+    """The console table: one row per variant."""
+    rows = [[r.variant, _ms(r.median_step_s), _ms(r.median_sync_s), _ms(r.exposed_overhead_s),
+             f"{r.exposed_share:.1%}", f"{r.tokens_per_s:.0f}",
+             None if r.allreduce_calls_per_step is None else f"{r.allreduce_calls_per_step:g}"]
+            for r in records]
+    return cli.format_table(["variant", "step ms", "sync ms", "exposed ms", "share", "tok/s", "calls"], rows)
+
+
+def build_parser() -> cli.Parser:
+    """The flags, generated from StepSetting, plus --out and --tag."""
+    parser = cli.Parser(StepSetting, __doc__)
+    parser.add_output(f"{StepRecord.KIND}.json")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    setting = StepBenchmarkSetting(
-        model_size=args.model_size,
-        context_length=args.context_length,
-        global_batch=args.global_batch,
-        world_size=args.world_size,
-        device_type=args.device,
-        backend=args.backend,
-        bucket_sizes_mb=tuple(args.bucket_sizes_mb),
-        include_torch_ddp=not args.no_torch_ddp,
-        variants=ABLATION_VARIANTS if args.ablation else (tuple(args.variants) if args.variants else None),
-        rounds=args.rounds,
-        steps_per_round=args.steps_per_round,
-        warmup_steps=args.warmup_steps,
-        rebuild_each_round=args.rebuild_each_round,
-    )
+    parser = build_parser()
+    setting, args = parser.parse_settings(argv)
     try:
-        records, n_parameters = run_step_benchmark(setting)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if running_under_launcher() and os.environ["RANK"] != "0":
+        out = args.out or results_path(StepRecord.KIND, args.tag, suffix=setting.tag_suffix)
+    except ValueError as e:  # a bad BENCH_MACHINE_TAG
+        parser.error(str(e))
+    try:
+        run: StepRun = run_step_benchmark(setting)
+    except Interrupted as e:
+        print(f"interrupted: {e}", file=sys.stderr)
+        return e.exit_status
+    if run.rank != 0:
         return 0  # every rank holds the same (slowest-rank) figures; rank 0 writes them
-    backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
-    meta = collect_environment(backend, setting.world_size, setting.device_type)
-    meta.update(setting=setting_record(setting), n_parameters=n_parameters, shared_gpu=args.shared_gpu)
-    for record in records:
-        record["shared_gpu"] = args.shared_gpu
-    out = args.out or results_dir(args.tag) / ("ablation.json" if args.ablation else "ddp_step.json")
-    write_results(out, records, meta)
-    print(f"{setting.model_size} ({n_parameters / 1e6:.1f}M parameters), {setting.world_size} ranks, "
-          f"{backend}, global batch {setting.global_batch} x {setting.context_length} tokens")
-    print(f"{'variant':<18} {'step ms':>9} {'sync ms':>9} {'exposed ms':>11} {'share':>6} {'tok/s':>9} {'calls':>6}")
-    for r in records:
-        sync = f"{1e3 * r['median_sync_s']:.1f}" if r["median_sync_s"] is not None else "-"
-        calls = f"{r['allreduce_calls_per_step']:g}" if r["allreduce_calls_per_step"] is not None else "-"
-        print(f"{r['variant']:<18} {1e3 * r['median_step_s']:>9.1f} {sync:>9} "
-              f"{1e3 * r['exposed_overhead_s']:>11.1f} {r['exposed_share']:>6.1%} "
-              f"{r['tokens_per_s']:>9.0f} {calls:>6}")
+    environment = collect_environment(setting.backend_name, run.world_size, setting.device, run.shared_gpu)
+    notes = {"n_parameters": run.n_parameters}
+    write_results(out, ResultsFile(StepRecord.KIND, environment, to_json(setting), run.records, notes))
+    print(f"{setting.model_size} ({run.n_parameters / 1e6:.1f}M parameters), {run.world_size} ranks, "
+          f"{setting.backend_name}, global batch {setting.global_batch} x {setting.context_length} tokens")
+    print(format_records(run.records))
     print(f"wrote {out}")
     return 0
 

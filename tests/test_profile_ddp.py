@@ -9,56 +9,63 @@ checked on hand-built traces whose answers are worked out by hand below.
 
 from __future__ import annotations
 
-import json
+import signal
 from pathlib import Path
 
-import matplotlib.image
 import pytest
 
-from tests.scripts_runner import run_script
-
-from cs336_systems.model import TransformerLM, model_config
-from cs336_systems.ddp_profile import (
+import scripts.profile_ddp as profile_ddp
+from cs336_basics.model import TransformerLM, model_config
+from cs336_systems.bench.profile import (
     AUTOGRAD_NODE_PREFIX,
     ENQUEUE_ALL_REDUCE,
     GLOO_ALL_REDUCE,
+    ProfileRecord,
+    ProfileRun,
+    ProfileSetting,
     extract_step_timelines,
     load_trace,
     merge_intervals,
-    render_timelines,
 )
+from cs336_systems.results.environment import collect_environment
+from cs336_systems.results.files import ResultsFile, write_results
+from cs336_systems.results.kinds import read_any
+from cs336_systems.results.schema import to_json
+from cs336_systems.writeup.profile_figure import render_timelines
+
+from .script_checks import interrupted_run_writes_nothing, must_not_start, refused_in_one_line
 
 pytestmark = pytest.mark.problem("ddp_overlap_individual_parameters_benchmarking")
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "profile_ddp.py"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
 
 
-
 @pytest.mark.timeout(300)
-def test_profile_shows_overlap_for_per_parameter_only(tmp_path, monkeypatch, capsys):
-    status = run_script(
-        monkeypatch, SCRIPT, "--model-size", "tiny", "--context-length", "32", "--world-size", "2",
-        "--warmup-steps", "1", "--steps", "1", "--out-dir", str(tmp_path),
-    )
+def test_profile_shows_overlap_for_per_parameter_only(tmp_path, capsys):
+    out = tmp_path / "profile" / "profile.json"
+    status = profile_ddp.main(["--model-size", "tiny", "--context-length", "32", "--world-size", "2",
+                               "--warmup-steps", "1", "--steps", "2", "--out", str(out)])
     assert status == 0, capsys.readouterr().err
     assert "nsys profile" in capsys.readouterr().out
-    for name in ("timeline_naive.png", "timeline_per-parameter.png", "timeline_overlap.png"):
-        data = (tmp_path / name).read_bytes()
-        assert data.startswith(PNG_SIGNATURE)
-        height, width, _ = matplotlib.image.imread(tmp_path / name).shape
-        assert height > 100 and width > 100
-    records = {r["variant"]: r for r in json.loads((tmp_path / "profile.json").read_text())["records"]}
+    results = read_any(out)
+    records = {r.variant: r for r in results.records}
     assert set(records) == {"naive", "per-parameter"}
     for variant, r in records.items():
-        # Each trace re-reads to the same finding the run reported.
-        trace = load_trace(tmp_path / r["trace"])
-        assert extract_step_timelines(trace, "gloo")[-1].overlap_fraction == pytest.approx(r["overlap_fraction"])
-        assert r["n_comm_events"] > 1 and r["communication_s"] > 0 and r["backward_s"] > 0
-    assert records["naive"]["overlap_fraction"] < 0.05
-    assert records["per-parameter"]["overlap_fraction"] > records["naive"]["overlap_fraction"]
+        assert len(r.timelines) == 2 and r.timeline is r.timelines[-1]
+        # Each trace, beside profile.json, re-reads to exactly the timelines the run stored.
+        assert r.trace in (f"trace_{variant}.json", f"trace_{variant}.json.gz")
+        assert extract_step_timelines(load_trace(out.parent / r.trace), "gloo") == r.timelines
+        assert r.overlap_fraction == r.timeline.overlap_fraction == r.overlap_fraction_per_step[-1]
+        assert r.n_comm_events > 1 and r.communication_s > 0 and r.backward_s > 0
+        assert r.timeline.phases["backward"][0] < r.timeline.phases["backward"][1] <= r.timeline.duration_us
+    assert records["naive"].overlap_fraction < 0.05
+    assert records["per-parameter"].overlap_fraction > records["naive"].overlap_fraction
     # Same number of collectives per step: one per parameter plus the usage count.
-    assert records["naive"]["n_comm_events"] == records["per-parameter"]["n_comm_events"]
+    assert records["naive"].n_comm_events == records["per-parameter"].n_comm_events
+    assert results.environment.world_size == 2 and results.setting["steps"] == 2
+    # Pictures are the writeup's job; the profiler leaves only the results and the traces.
+    assert sorted(p.name for p in out.parent.iterdir()) == ["profile.json", "trace_naive.json",
+                                                             "trace_per-parameter.json"]
 
 
 def _x(name: str, ts: float, dur: float, tid: int = 1, cat: str = "cpu_op", **args) -> dict:
@@ -217,3 +224,69 @@ def test_rendering_is_byte_identical_for_the_same_timeline(tmp_path):
     first = render_timelines(pair, tmp_path / "a.png").read_bytes()
     second = render_timelines(pair, tmp_path / "b.png").read_bytes()
     assert first.startswith(PNG_SIGNATURE) and first == second
+
+
+def _records() -> list[ProfileRecord]:
+    return [ProfileRecord.from_timelines("naive", "trace_naive.json", extract_step_timelines(_cpu_trace(), "gloo")),
+            ProfileRecord.from_timelines("per-parameter", "trace_per-parameter.json",
+                                         [extract_step_timelines(_gloo_cuda_trace(), "gloo")[0]])]
+
+
+def test_the_record_summarises_the_last_step():
+    naive, per_parameter = _records()
+    # Both hand-built CPU steps: 40 us of communication, 20 of it inside backward; the step is 100 us.
+    assert naive.overlap_fraction_per_step == [0.5, 0.5] and naive.overlap_fraction == 0.5
+    assert naive.communication_s == pytest.approx(40e-6) and naive.backward_s == pytest.approx(40e-6)
+    assert naive.step_s == pytest.approx(100e-6) and naive.n_comm_events == 3
+    assert per_parameter.overlap_fraction == pytest.approx(45 / 50)
+    assert "host-device copies" in per_parameter.lanes_from
+    with pytest.raises(ValueError, match="no profiled step"):
+        ProfileRecord.from_timelines("naive", "trace_naive.json", [])
+
+
+def test_stored_timelines_read_back_equal_and_draw_the_same_bytes(tmp_path):
+    """profile.json keeps the intervals, so the writeup's figure from the file is the figure from the run."""
+    records = _records()
+    path = write_results(tmp_path / "profile.json", ResultsFile(
+        ProfileRecord.KIND, collect_environment("gloo", 2, "cpu"), to_json(ProfileSetting()), records))
+    back = read_any(path).records
+    assert back == records
+    assert list(back[1].timeline.phases) == list(records[1].timeline.phases)  # phases keep their order
+    drawn = [render_timelines([(r.variant, r.timeline) for r in rs], tmp_path / f"{name}.png").read_bytes()
+             for name, rs in (("run", records), ("file", back))]
+    assert drawn[0] == drawn[1]
+
+
+# -- the command line (no ranks) ----------------------------------------------------------------
+
+
+@pytest.fixture
+def no_ranks(monkeypatch):
+    must_not_start(monkeypatch, profile_ddp, "profile_into")
+
+
+BAD_ARGS = [
+    (["--world-size", "0"], "--world-size"),
+    (["--steps", "0"], "--steps"),
+    (["--warmup-steps", "-1"], "--warmup-steps"),
+    (["--variants", "flat"], "--variants"),
+    (["--variants", "naive", "naive"], "--variants"),
+    (["--global-batch", "0"], "--global-batch"),
+]
+
+
+@pytest.mark.parametrize("args,flag", BAD_ARGS, ids=[" ".join(a) for a, _ in BAD_ARGS])
+def test_bad_values_stop_before_any_rank_starts(args, flag, no_ranks, capsys):
+    assert flag in refused_in_one_line(profile_ddp.main, args, capsys)
+
+
+def test_an_interrupted_run_writes_nothing(monkeypatch, tmp_path, capsys):
+    interrupted_run_writes_nothing(monkeypatch, profile_ddp, "profile_into", tmp_path / "profile.json", capsys,
+                                   signal.SIGINT)
+
+
+def test_the_run_writes_profile_json_where_asked(monkeypatch, tmp_path):
+    monkeypatch.setattr(profile_ddp, "profile_into", lambda setting, folder: ProfileRun(_records(), 2, False))
+    out = tmp_path / "elsewhere" / "profile.json"
+    assert profile_ddp.main(["--out", str(out)]) == 0
+    assert read_any(out).records == _records()

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from cs336_systems.allreduce_benchmark import AllReduceSetting, make_record
-from cs336_systems.ddp_benchmark import StepBenchmarkSetting, setting_record, summarize
 from cs336_systems.run_metadata import write_results
 from cs336_systems.writeup import render_writeup
 from cs336_systems.writeup.allreduce_section import allreduce_section
@@ -29,15 +28,9 @@ pytestmark = [pytest.mark.problem("beyond"), pytest.mark.xdist_group("writeup")]
 
 PROBLEMS = [
     "distributed_communication_single_node",
-    "naive_ddp",
-    "naive_ddp_benchmarking",
-    "minimal_ddp_flat_benchmarking",
-    "ddp_overlap_individual_parameters_benchmarking",
-    "ddp_bucketed_benchmarking",
 ]
 CPU_TAG, GPU_TAG, SMOKE_TAG = "cpu2-test-xeon", "2xtest-gpu", "quick-smoke"
 PLANTED_O_S, PLANTED_W = 250e-6, 2e9  # the all-reduce line: 250 µs per call, 2 GB/s
-NAIVE_STEP_TIMES = [0.0811, 0.0790, 0.0834, 0.0802, 0.0777]  # median 0.0802 s -> "80.2" ms
 SMOKE_MEDIAN_S = 0.0456789  # only in the quick-smoke folder: "45.7" ms must not be rendered
 TIMESTAMP = "2031-01-02T03:04:05+00:00"
 PAYLOADS = [2**16, 2**20, 2**24]
@@ -69,52 +62,10 @@ def allreduce_records(backend: str, device: str, world_sizes: list[int], shared_
     return records
 
 
-def ddp_step_results(world_size: int = 2) -> tuple[list[dict], dict]:
-    setting = StepBenchmarkSetting(model_size="tiny", context_length=32, global_batch=4, world_size=world_size,
-                                   bucket_sizes_mb=(0.05, 0.5, 5), rounds=1, steps_per_round=5)
-    rng = np.random.default_rng(1)
-    base = {"compute-only": 0.030, "naive": None, "flat": 0.045, "per-parameter": 0.060,
-            "bucketed-0.05MB": 0.064, "bucketed-0.5MB": 0.044, "bucketed-5MB": 0.043, "torch-ddp": 0.046}
-    calls = {"naive": 22, "flat": 1, "per-parameter": 22, "bucketed-0.05MB": 10, "bucketed-0.5MB": 3,
-             "bucketed-5MB": 2, "torch-ddp": 1}
-    buckets = {"bucketed-0.05MB": 10, "bucketed-0.5MB": 3, "bucketed-5MB": 2, "torch-ddp": 1}
-    raw = []
-    for name in setting.variant_names():
-        steps = NAIVE_STEP_TIMES if name == "naive" else list(base[name] * (1 + 0.02 * rng.standard_normal(5)))
-        has_sync = name not in ("compute-only", "torch-ddp")
-        raw.append({"variant": name, "step_times_s": steps,
-                    "sync_times_s": [0.4 * t for t in steps] if has_sync else None,
-                    "allreduce_calls_per_step": calls.get(name), "n_buckets": buckets.get(name)})
-    records = summarize(raw, setting)
-    for r in records:
-        r["shared_gpu"] = False
-    meta = environment("cpu", "gloo", world_size)
-    meta.update(setting=setting_record(setting), n_parameters=1362240, shared_gpu=False)
-    return records, meta
-
-
 def build_results_tree(root: Path, with_gpu: bool = False) -> Path:
     results = root / "results"
     cpu = results / CPU_TAG
     write_results(cpu / "allreduce.json", allreduce_records("gloo", "cpu", [2, 4]), environment("cpu", "gloo", 4))
-    records, meta = ddp_step_results()
-    write_results(cpu / "ddp_step.json", records, meta)
-    naive = {"variant": "naive", "world_size": 2, "steps": 3, "batch_size": 32, "seed": 0, "atol": 1e-5,
-             "max_abs_diff": 2.2e-8, "max_abs_diff_per_step": [1.1e-8, 2.2e-8, 1.9e-8], "ranks_identical": True,
-             "match": True}
-    write_results(cpu / "naive_ddp.json", [naive], environment("cpu", "gloo", 2))
-    profile_records = [
-        {"variant": "naive", "overlap_fraction": 0.0, "communication_s": 0.04, "backward_s": 0.02, "step_s": 0.1,
-         "n_comm_events": 22, "lanes_from": "cpu threads", "trace": "trace_naive.json"},
-        {"variant": "per-parameter", "overlap_fraction": 0.625, "communication_s": 0.03, "backward_s": 0.04,
-         "step_s": 0.09, "n_comm_events": 22, "lanes_from": "cpu threads", "trace": "trace_per-parameter.json"},
-    ]
-    profile_meta = environment("cpu", "gloo", 2)
-    profile_meta["setting"] = {"model_size": "tiny", "context_length": 32, "global_batch": 4, "world_size": 2,
-                               "device_type": "cpu", "backend": None}
-    write_results(cpu / "profile" / "profile.json", profile_records, profile_meta)
-    for name in ("timeline_naive", "timeline_per-parameter", "timeline_overlap"):
-        matplotlib.image.imsave(cpu / "profile" / f"{name}.png", np.zeros((4, 4)), metadata={"Software": None})
     smoke = [make_record(AllReduceSetting("gloo", "cpu", 2, p, 1, 3), shared_gpu=False, times_s=[SMOKE_MEDIAN_S] * 3,
                          warmup_iters=1, correct=True) for p in PAYLOADS]
     write_results(results / SMOKE_TAG / "allreduce.json", smoke, environment("cpu", "gloo", 2))
@@ -161,27 +112,12 @@ def test_every_problem_has_a_section(rendered):
     headings = [line for line in rendered["readme"].splitlines() if line.startswith("## ")]
     for problem in PROBLEMS:
         assert any(re.match(rf"## {problem}\b", h) for h in headings), f"no section for {problem}: {headings}"
-    assert any("model of the overhead" in h for h in headings)
-    overhead = rendered["readme"].split("model of the overhead")[1]
-    assert "$$" in overhead and "measured / model" in overhead  # the derivation, then the prediction table
-
-
-def test_numbers_are_the_results_files_numbers(rendered):
-    readme = rendered["readme"]
-    # The naive step median, as the table writes milliseconds (3 significant digits).
-    naive_median_ms = f"{statistics.median(NAIVE_STEP_TIMES) * 1e3:.1f}"
-    assert f"| naive | – | 22 | {naive_median_ms} |" in readme
-    # The fit recovers the planted line exactly: o in µs, w in GB/s, R² 1.
-    assert f"| gloo | cpu | 2 | 0.0625, 1, 16 | {PLANTED_O_S * 1e6:.0f} | {PLANTED_W / 1e9:.2f} | 1.000 |" in readme
-    assert "62.5%" in readme  # per-parameter overlap fraction from profile.json
-    assert "2.20e-08" in readme  # naive_ddp.json's max |difference|
 
 
 def test_settings_are_named_and_no_time_of_rendering_leaks(rendered):
     readme = rendered["readme"]
     assert "Test Xeon Processor (2 logical cores)" in readme
     assert "torch 2.99.0" in readme and "commit abcdef0" in readme
-    assert "model tiny" in readme and "global batch 4 × context 32" in readme
     assert TIMESTAMP not in readme and "2031" not in readme
 
 
@@ -214,7 +150,6 @@ def test_figures_are_linked_relative_to_the_writeup(rendered):
     assert links and all(link.startswith("figures/") for link in links)
     for link in links:
         assert (rendered["root"] / "a" / link).is_file()
-    assert any("timeline_overlap" in link for link in links)
 
 
 def test_no_results_at_all_renders_every_gap_with_its_command(tmp_path):

@@ -1,12 +1,8 @@
-"""The writeup's "beyond the handout" sections: the lever ablation, the sharding accounting, the doctor.
+"""The writeup's "beyond the handout" sections: the sharding accounting, the doctor.
 
-Results files are written here by code with the benchmarks' schema (the ablation through
-``ddp_benchmark.summarize``, the accounting with ``sharding_accounting``'s formulas) and planted
-values whose verdicts we know: a bucketed overhead 0.8x torch DDP's (goal holds), per-parameter
-1.5x (goal fails), one lever whose per-round difference from the default changes sign from round
-to round (within noise) and one whose difference is the same in every round (beyond it), all on
-top of a machine load that drifts from round to round and hits every variant of a round alike.
-Nothing spawns a process.
+Results files are written here by code with the benchmarks' schema (the accounting with
+``sharding_accounting``'s formulas) and planted values whose verdicts we know. The lever
+ablation's section is tested in tests/test_writeup_ablation.py. Nothing spawns a process.
 """
 
 from __future__ import annotations
@@ -17,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from cs336_systems import doctor
-from cs336_systems.ddp_benchmark import ABLATION_VARIANTS, StepBenchmarkSetting, setting_record, summarize
 from cs336_systems.run_metadata import write_results
 from cs336_systems.sharding_accounting import (
     ShardingAccountingSetting,
@@ -34,49 +29,6 @@ from .test_writeup import CPU_TAG, environment, output_files
 pytestmark = pytest.mark.problem("beyond")
 
 MB = 2**20
-ROUNDS = 8  # the fewest for which the 95% sign-test interval exists as min..max (n >= 6)
-DRIFT_S = [0.000, 0.002, -0.002, 0.001, -0.001, 0.000, 0.003, -0.003]  # machine load per round
-FLOOR_STEPS = [0.100 + d for d in DRIFT_S]  # median 100 ms, 97-103 ms
-# Copy's own round-to-round deviation: median 0, so its overhead is 18 ms, 2 ms above the
-# default's, but one round is 1 ms faster than the default: within noise.
-COPY_EXTRA_S = [0.000, 0.000, -0.003, 0.002, 0.000, 0.001, -0.002, 0.000]
-# Step per variant before drift, so exposed overhead = step - 100 ms in every round.
-STEP_S = {
-    "per-parameter": 0.130,  # 30 ms: 1.5x torch's 20 ms, goal (<= 1.2x) fails
-    "bucketed-25MB-plain": 0.128,
-    "bucketed-25MB-copy": 0.118,  # 2 ms above the default, give or take COPY_EXTRA_S: within noise
-    "bucketed-25MB-no-first": 0.125,  # 9 ms above the default in every round: beyond the noise
-    "bucketed-25MB-no-reorder": 0.117,
-    "bucketed-25MB": 0.116,  # 16 ms: 0.8x torch's, goal (<= 0.9x) holds
-    "bucketed-25MB-bf16": 0.112,  # 12 ms: the lowest bucketed overhead, 0.6x torch's
-    "bucketed-auto": 0.119,
-    "torch-ddp": 0.120,  # 20 ms
-}
-AUTO_CAP_BYTES = 3 * MB
-
-
-def ablation_results(torch_step_s: float = STEP_S["torch-ddp"]) -> tuple[list[dict], dict]:
-    setting = StepBenchmarkSetting(model_size="tiny", context_length=32, global_batch=4, world_size=2, rounds=ROUNDS,
-                                   steps_per_round=1, variants=ABLATION_VARIANTS)
-    steps = {**STEP_S, "torch-ddp": torch_step_s}
-    raw = []
-    for name in setting.variant_names():
-        bucketed = name.startswith("bucketed-")
-        raw.append({
-            "variant": name,
-            "step_times_s": [steps.get(name, 0.100) + d + (name == "bucketed-25MB-copy") * extra
-                             for d, extra in zip(DRIFT_S, COPY_EXTRA_S)],
-            "sync_times_s": None if name in ("compute-only", "torch-ddp") else [0.005] * ROUNDS,
-            "allreduce_calls_per_step": None if name == "compute-only" else 2,
-            "n_buckets": 2 if bucketed or name == "torch-ddp" else None,
-            "bucket_cap_bytes": (AUTO_CAP_BYTES if name == "bucketed-auto" else 25 * MB) if bucketed else None,
-        })
-    records = summarize(raw, setting)
-    meta = environment("cpu", "gloo", 2)
-    meta.update(setting=setting_record(setting), n_parameters=1362240, shared_gpu=False)
-    return records, meta
-
-
 # The accounting: B parameter bytes over N ranks, planted peaks above baseline per phase.
 PARAM_BYTES, LARGEST, N_RANKS = 64 * MB, 8 * MB, 4
 PEAKS = {"unsharded": {"after_init": 70 * MB, "before_step": 200 * MB, "after_step": 260 * MB},
@@ -128,9 +80,8 @@ def sharding_results(separate_launches: bool = True) -> tuple[list[dict], dict]:
     return records, meta
 
 
-def build_tree(root: Path, torch_step_s: float = STEP_S["torch-ddp"], separate_launches: bool = True) -> Path:
+def build_tree(root: Path, separate_launches: bool = True) -> Path:
     results = root / "results"
-    write_results(results / CPU_TAG / "ablation.json", *ablation_results(torch_step_s))
     write_results(results / CPU_TAG / "sharded_optimizer.json", *sharding_results(separate_launches))
     return results
 
@@ -157,34 +108,6 @@ def test_rendering_twice_gives_byte_identical_files(rendered):
     assert sorted(a) == sorted(b) and any(name.startswith("figures/") for name in a)
     for name in a:
         assert a[name] == b[name], f"{name} differs between two renders of the same results"
-
-
-def test_ablation_table_and_goals_are_computed_from_the_records(rendered):
-    text = section(rendered["readme"], "Beyond: bucketed DDP")
-    # Row: buckets, cap, median step, spread, exposed overhead, ratio to torch's 20 ms.
-    row = ("| bucketed-25MB | 25 MB buckets, every lever on (the default) | 2 | 25 | 116 | 113–119 | 16.0 "
-           "| 16.0 to 16.0 | 0.800× |")
-    assert row in text
-    assert "| bucketed-auto |" in text and "| 3 | 119 |" in text  # the chosen cap, in MB
-    assert "| compute-only |" in text and "97.0–103" in text
-    assert "| bucketed-25MB-copy |" in text and "| 18.0 | 15.0 to 20.0 |" in text
-    assert "bucketed-25MB's exposed overhead ≤ 0.9× torch DDP's: **holds** in this run (0.800×" in text
-    assert "per-parameter's exposed overhead ≤ 1.2× torch DDP's: **does not hold** in this run (1.50×" in text
-    assert "Lowest exposed overhead of the bucketed variants: bucketed-25MB-bf16, 12.0 ms, 0.600× torch DDP's" in text
-    assert "6.00 ms (max − min of its 8 timed steps)" in text
-    assert "gradient views off (bucketed-25MB-copy): +2.00 ms (within noise: 95% interval -1.00 to 4.00 ms)" in text
-    assert "small first bucket off (bucketed-25MB-no-first): +9.00 ms (beyond the noise: 95% interval" in text
-    assert "its step minus torch DDP's, round by round, is -4.00 ms (beyond the noise" in text
-    assert "tests/test_ddp_equivalence.py" in text
-    assert re.search(r"!\[[^\]]*\]\(figures/[^)]*ablation_exposed_overhead\.png\)", text)
-
-
-def test_goals_are_not_judged_when_torch_ddp_shows_no_overhead(tmp_path):
-    results = build_tree(tmp_path, torch_step_s=0.099)  # faster than the compute-only median
-    readme = render_writeup(results, tmp_path / "out", sections=BEYOND_SECTIONS[:1]).readme.read_text()
-    assert "ratios to it are undefined and the goals cannot be judged" in readme
-    assert "holds" not in readme
-    assert "Lowest exposed overhead of the bucketed variants: bucketed-25MB-bf16, 12.0 ms." in readme
 
 
 def test_sharding_memory_state_and_time_come_from_the_records(rendered):
@@ -221,7 +144,7 @@ def test_one_launch_for_both_configurations_is_not_called_across_launches(tmp_pa
 
 def test_missing_results_say_not_measured_with_the_command(tmp_path):
     readme = render_writeup(tmp_path / "none", tmp_path / "out", sections=BEYOND_SECTIONS).readme.read_text()
-    for heading in ("Beyond: bucketed DDP", "optimizer_state_sharding_accounting"):
+    for heading in ("optimizer_state_sharding_accounting",):
         text = section(readme, heading)
         assert "**not measured here**" in text and "`make bench`" in text and "`make bench-gpu`" in text
     assert not re.search(r"\d+\.\d+ ms", readme)

@@ -7,6 +7,7 @@ The writeup never fills a gap with a number: a setting with no results file is l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from cs336_systems.writeup.load import ResultsFile, WriteupInputs
 
@@ -35,21 +36,24 @@ def run_setting(results: ResultsFile) -> set[tuple[str, str]]:
     return {(backend, env.device_type) for backend in env.backend.split(",")}
 
 
-def measured_settings(inputs: WriteupInputs, kind: str) -> set[tuple[str, str]]:
-    """(backend, device type) pairs with at least one results file of ``kind``."""
+def measured_settings(inputs: WriteupInputs, kind: str, runs: Iterable[ResultsFile] | None = None) -> set[tuple[str, str]]:
+    """(backend, device type) pairs with at least one results file of ``kind`` (or of ``runs``,
+    where a section reads only some runs of its kind)."""
     found: set[tuple[str, str]] = set()
-    for _, results in inputs.runs(kind):
+    for results in (runs if runs is not None else [f for _, f in inputs.runs(kind)]):
         if results.records:
             found |= run_setting(results)
     return found
 
 
-def not_measured_notes(inputs: WriteupInputs, benchmark: str, what: str) -> str:
+def not_measured_notes(inputs: WriteupInputs, benchmark: str, what: str,
+                       runs: Iterable[ResultsFile] | None = None) -> str:
     """Markdown bullets for each standard setting with no results of ``benchmark``; "" if none missing.
 
-    ``benchmark`` is a results kind ("allreduce", "ddp_step", "profile", ...).
+    ``benchmark`` is a results kind ("allreduce", "ddp_step", "profile", ...); ``runs``, when
+    given, are the only files of it that count (e.g. the ablation's run alone).
     """
-    found = measured_settings(inputs, benchmark)
+    found = measured_settings(inputs, benchmark, runs)
     commands = PROFILE_COMMANDS if benchmark == "profile" else {s: s.command for s in SETTINGS}
     lines = [
         f"- {what}, {s.name} (`{s.backend}`): **not measured here**; `{commands[s]}` ({s.where}) fills it."

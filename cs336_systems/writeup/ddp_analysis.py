@@ -1,58 +1,64 @@
-"""Numbers derived from DDP step records: variants, the bucket sweep, the overhead model's predictions.
+"""Numbers derived from DDP step records: which runs, variants, the bucket sweep, the model's predictions.
 
-Pure functions over the records the step benchmark wrote; the sections turn them into text.
+Pure functions over :class:`~cs336_systems.bench.step.record.StepRecord` lists; the sections
+turn them into text. A machine may hold several ``ddp_step`` runs: the lever ablation
+(``ddp_step-ablation.json``) has its own section, every other run is read by the problem
+sections (``ddp_step.json``; ``ddp_step-nccl1.json``, NCCL at world size 1, from the one-GPU suite).
 """
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
-from typing import Any
 
+from cs336_systems.bench.step.record import StepRecord
+from cs336_systems.bench.step.variants import bucketed_name
 from cs336_systems.ddp.overhead_model import (
     exposed_overhead,
     minimum_exposed_overhead,
     optimal_bucket_bytes,
     optimal_bucket_count,
 )
-
 from cs336_systems.writeup.allreduce_analysis import LinkFit
+from cs336_systems.writeup.load import MachineResults, ResultsFile, WriteupInputs
 
-Record = dict[str, Any]
+STEP_KIND = StepRecord.KIND
+ABLATION_RUN = f"{STEP_KIND}-ablation"  # the results file (stem) of the lever ablation
 FLOAT32_BYTES = 4  # the benchmarks train in float32, so gradients are 4 bytes per parameter
 
 
-def by_variant(records: list[Record]) -> dict[str, Record]:
-    return {r["variant"]: r for r in records}
+def step_runs(inputs: WriteupInputs) -> list[tuple[MachineResults, ResultsFile]]:
+    """Every DDP step run but the lever ablation, machines in tag order."""
+    return [(m, f) for m, f in inputs.runs(STEP_KIND) if f.name != ABLATION_RUN]
 
 
-def comm_share(record: Record) -> float | None:
-    """Median over timed steps of (time in gradient synchronisation / step time)."""
-    steps, syncs = record.get("step_times_s"), record.get("sync_times_s")
-    if not steps or not syncs or len(steps) != len(syncs):
-        return None
-    return statistics.median(sync / step for sync, step in zip(syncs, steps))
+def ablation_runs(inputs: WriteupInputs) -> list[tuple[MachineResults, ResultsFile]]:
+    """The lever ablation of each machine that ran it."""
+    return [(m, f) for m, f in inputs.runs(STEP_KIND) if f.name == ABLATION_RUN]
 
 
-def bucket_sweep(records: list[Record]) -> list[Record]:
-    """The bucketed variants, by bucket size."""
-    sweep = [r for r in records if r.get("bucket_size_mb") is not None]
-    return sorted(sweep, key=lambda r: r["bucket_size_mb"])
+def by_variant(records: list[StepRecord]) -> dict[str, StepRecord]:
+    return {r.variant: r for r in records}
+
+
+def bucket_sweep(records: list[StepRecord]) -> list[StepRecord]:
+    """The sweep's bucketed variants (a plain ``bucketed-<N>MB``, no lever switched), by bucket size."""
+    sweep = [r for r in records if r.bucket_size_mb is not None and r.variant == bucketed_name(r.bucket_size_mb)]
+    return sorted(sweep, key=lambda r: r.bucket_size_mb)
 
 
 def largest_parameter_bytes(model_size: str, context_length: int | None) -> int | None:
     """Bytes of the model's largest parameter, from a model built on the meta device.
 
     The meta device gives shapes without allocating storage, so this costs nothing even for the
-    largest sizes. None when the size is not one :mod:`cs336_systems.model` knows.
+    largest sizes. None when the size is not one :mod:`cs336_basics.model` knows.
     """
     import torch
 
-    from cs336_systems.model import TransformerLM, model_config
+    from cs336_basics.model import TransformerLM, model_config
 
     try:
         config = model_config(model_size, context_length)
-    except ValueError:
+    except (ValueError, KeyError):
         return None
     with torch.device("meta"):
         model = TransformerLM(config)
@@ -71,14 +77,14 @@ class OverheadPrediction:
     t_unconstrained_s: float  # 2 sqrt(s o / w): the overhead at n_b_opt
     b_opt_bytes: float  # optimum bucket size, clamped to [largest parameter, s]
     t_opt_s: float  # predicted exposed overhead at the clamped optimum
-    rows: list[tuple[Record, float]]  # (bucketed record, predicted overhead at its n_buckets)
+    rows: list[tuple[StepRecord, float]]  # (bucketed record, predicted overhead at its n_buckets)
 
     def predict(self, n_b: float) -> float:
         return exposed_overhead(self.s_bytes, self.fit.w_bytes_per_s, self.fit.o_s, n_b)
 
 
 def predict_overhead(
-    n_parameters: int, largest_param_bytes: int | None, fit: LinkFit, sweep: list[Record]
+    n_parameters: int, largest_param_bytes: int | None, fit: LinkFit, sweep: list[StepRecord]
 ) -> OverheadPrediction | str:
     """Predicted optimum and per-bucket-size overheads, or why the model cannot be applied."""
     if fit.o_s < 0:
@@ -90,7 +96,7 @@ def predict_overhead(
     w, o = fit.w_bytes_per_s, fit.o_s
     lower = largest_param_bytes if largest_param_bytes else 1.0
     b_opt = optimal_bucket_bytes(s, w, o, lower)
-    rows = [(r, exposed_overhead(s, w, o, r["n_buckets"])) for r in sweep if r.get("n_buckets")]
+    rows = [(r, exposed_overhead(s, w, o, r.n_buckets)) for r in sweep if r.n_buckets]
     n_b_opt = optimal_bucket_count(s, w, o)
     return OverheadPrediction(
         s_bytes=s,

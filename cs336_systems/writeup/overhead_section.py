@@ -8,19 +8,23 @@ from __future__ import annotations
 
 from cs336_systems.writeup import fmt
 from cs336_systems.writeup.allreduce_analysis import CommGroup, LinkFit, comm_groups, fit_group
+from cs336_systems.bench.allreduce.record import AllReduceRecord
+from cs336_systems.bench.step.record import StepRecord
+from cs336_systems.bench.step.variants import COMPUTE_ONLY, TORCH_DDP
+from cs336_systems.writeup.context import RenderContext, Section
+from cs336_systems.writeup.coverage import CPU, GPU, not_measured_notes
 from cs336_systems.writeup.ddp_analysis import (
     FLOAT32_BYTES,
     OverheadPrediction,
-    by_variant,
     bucket_sweep,
+    by_variant,
     largest_parameter_bytes,
     predict_overhead,
+    step_runs,
 )
-from cs336_systems.writeup.context import RenderContext, Section
-from cs336_systems.writeup.coverage import CPU, GPU, not_measured_notes, run_setting
-from cs336_systems.writeup.ddp_sections import ddp_setting_line
 from cs336_systems.writeup.ddp_figures import overhead_model_figure
 from cs336_systems.writeup.load import MachineResults, ResultsFile
+from cs336_systems.writeup.step_tables import ddp_setting_line, step_not_measured
 
 DERIVATION = r"""### Derivation
 
@@ -89,11 +93,11 @@ b_{\mathrm{opt}} = \min\!\bigl(\max\bigl(\sqrt{s\,w\,o},\; p_{\max}\bigr),\; s\b
 $$"""
 
 
-def _fit_table(groups: dict[CommGroup, list], fits: dict[CommGroup, LinkFit | str]) -> str:
+def _fit_table(groups: dict[CommGroup, list[AllReduceRecord]], fits: dict[CommGroup, LinkFit | str]) -> str:
     rows = []
     for group, records in groups.items():
         fit = fits[group]
-        sizes = ", ".join(fmt.size_mb(r["payload_mb"]) for r in records)
+        sizes = ", ".join(fmt.size_mb(r.payload_mb) for r in records)
         if isinstance(fit, str):
             rows.append([group.backend, group.device_type, group.world_size, sizes, "–", "–", "–",
                          f"no fit: {fit}"])
@@ -101,14 +105,14 @@ def _fit_table(groups: dict[CommGroup, list], fits: dict[CommGroup, LinkFit | st
         largest = records[-1]
         rows.append([group.backend, "gloo ranks sharing one GPU" if group.shared_gpu else group.device_type,
                      group.world_size, sizes, fmt.us(fit.o_s), fmt.gbps(fit.w_bytes_per_s), fmt.sig(fit.r2, 4),
-                     f"{fmt.sig(largest['algbw_gbps'])} at {fmt.size_mb(largest['payload_mb'])} MB"])
+                     f"{fmt.sig(largest.algbw_gbps)} at {fmt.size_mb(largest.payload_mb)} MB"])
     return fmt.table(["backend", "device", "ranks", "payloads fitted (MB)", "o (µs)", "w (GB/s)", "R²",
                       "measured algbw at the largest payload (GB/s)"], rows, align="llrlrrrl")
 
 
 def _machine_fits(machine: MachineResults) -> dict[CommGroup, LinkFit | str]:
     fits: dict[CommGroup, LinkFit | str] = {}
-    for results in machine.runs("allreduce"):
+    for results in machine.runs(AllReduceRecord.KIND):
         for group, records in comm_groups(results.records).items():
             fits.setdefault(group, fit_group(records))
     return fits
@@ -121,22 +125,22 @@ def _fit_part(ctx: RenderContext) -> list[str]:
            "plain residuals the largest payload's run-to-run noise would swamp a per-call cost of about a "
            "millisecond (`cs336_systems/ddp/overhead_model.py`). $w$ is bytes of payload per second of one all-reduce "
            "(like algbw, not busbw)."]
-    for machine, results in ctx.inputs.runs("allreduce"):
+    for machine, results in ctx.inputs.runs(AllReduceRecord.KIND):
         groups = comm_groups(results.records)
         fits = {g: fit_group(rs) for g, rs in groups.items()}
         out += ["", fmt.run_heading(machine, results).replace("###", "####"), "",
-                fmt.setting_line(results.meta, results.source), "", _fit_table(groups, fits) if groups else
+                fmt.setting_line(results.environment, results.source), "", _fit_table(groups, fits) if groups else
                 "No measured payloads to fit."]
     return out
 
 
-def _prediction_table(p: OverheadPrediction, torch_ddp: dict | None) -> str:
-    rows = [[r["variant"], fmt.size_mb(r["bucket_size_mb"]), r["n_buckets"], fmt.ms(t),
-             fmt.ms(r["exposed_overhead_s"]), fmt.ratio(r["exposed_overhead_s"] / t)] for r, t in p.rows]
-    if torch_ddp is not None and torch_ddp.get("n_buckets"):
-        t = p.predict(torch_ddp["n_buckets"])
-        rows.append([torch_ddp["variant"], "torch default", torch_ddp["n_buckets"], fmt.ms(t),
-                     fmt.ms(torch_ddp["exposed_overhead_s"]), fmt.ratio(torch_ddp["exposed_overhead_s"] / t)])
+def _prediction_table(p: OverheadPrediction, torch_ddp: StepRecord | None) -> str:
+    rows = [[r.variant, fmt.size_mb(r.bucket_size_mb), r.n_buckets, fmt.ms(t),
+             fmt.ms(r.exposed_overhead_s), fmt.ratio(r.exposed_overhead_s / t)] for r, t in p.rows]
+    if torch_ddp is not None and torch_ddp.n_buckets:
+        t = p.predict(torch_ddp.n_buckets)
+        rows.append([torch_ddp.variant, "torch default", torch_ddp.n_buckets, fmt.ms(t),
+                     fmt.ms(torch_ddp.exposed_overhead_s), fmt.ratio(torch_ddp.exposed_overhead_s / t)])
     return fmt.table(["variant", "bucket cap (MB)", "buckets n_b (measured)", "model T(n_b) (ms)",
                       "measured exposed overhead (ms)", "measured / model"], rows)
 
@@ -163,46 +167,44 @@ def _backward_pace(step_over_transfer: float, ratios: list[float]) -> str:
 
 def _discussion(p: OverheadPrediction, results: ResultsFile) -> str:
     variants = by_variant(results.records)
-    ratios = [r["exposed_overhead_s"] / t for r, t in p.rows]
-    best_measured = min((r for r, _ in p.rows), key=lambda r: r["exposed_overhead_s"])
+    ratios = [r.exposed_overhead_s / t for r, t in p.rows]
+    best_measured = min((r for r, _ in p.rows), key=lambda r: r.exposed_overhead_s)
     best_model = min(p.rows, key=lambda rt: rt[1])[0]
     backward_s = p.s_bytes / p.fit.w_bytes_per_s
     sentences = [
         f"Across the sweep the measured exposed overhead is {fmt.ratio(min(ratios))} to {fmt.ratio(max(ratios))} "
         "the model's prediction.",
-        f"Among the sizes tried, the model ranks {fmt.size_mb(best_model['bucket_size_mb'])} MB best and the "
-        f"measurement {fmt.size_mb(best_measured['bucket_size_mb'])} MB "
-        f"({fmt.ms(best_measured['exposed_overhead_s'])} ms exposed).",
+        f"Among the sizes tried, the model ranks {fmt.size_mb(best_model.bucket_size_mb)} MB best and the "
+        f"measurement {fmt.size_mb(best_measured.bucket_size_mb)} MB "
+        f"({fmt.ms(best_measured.exposed_overhead_s)} ms exposed).",
     ]
     flat = variants.get("flat")
-    if flat and flat.get("median_sync_s"):
+    if flat and flat.median_sync_s:
         one_call = p.fit.o_s + backward_s
         sentences.append(
             f"The fit predicts one all-reduce of all {fmt.mb(p.s_bytes)} MB at $o + s/w$ = {fmt.ms(one_call)} ms; "
-            f"flat DDP's measured all-reduce phase takes {fmt.ms(flat['median_sync_s'])} ms "
-            f"({fmt.ratio(flat['median_sync_s'] / one_call)} the prediction from all-reduces timed on their own)."
+            f"flat DDP's measured all-reduce phase takes {fmt.ms(flat.median_sync_s)} ms "
+            f"({fmt.ratio(flat.median_sync_s / one_call)} the prediction from all-reduces timed on their own)."
         )
-    floor = variants.get("compute-only")
+    floor = variants.get(COMPUTE_ONLY)
     reasons = [
         "What is measured is the whole step's slowdown against the compute-only step: it also counts any slowing "
         "of forward, backward and the optimizer by communication running beside them, where the model counts only "
         "the time after backward."
     ]
     if floor:
-        compute = floor["median_step_s"]
+        compute = floor.median_step_s
         reasons.append(
             f"The model takes backward to last $s/w$ = {fmt.ms(backward_s)} ms, producing gradients exactly as fast "
             "as they are sent; the whole compute-only step (forward, backward, optimizer) here takes "
             f"{fmt.ms(compute)} ms, {fmt.ratio(compute / backward_s)} that. "
             + _backward_pace(compute / backward_s, ratios)
         )
-    backend, device = ddp_run_setting(results.meta)
-    cores = results.meta.get("cpu_count")
-    world_size = (results.meta.get("setting") or {}).get("world_size", results.meta.get("world_size"))
-    if device == "cpu" and cores:
+    env = results.environment
+    if env.device_type == "cpu" and env.cpu_count:
         reasons.append(
-            f"On this CPU machine the {world_size} ranks and gloo's communication threads share {cores} logical "
-            "cores, so an all-reduce running during backward takes cores from it: communication and compute "
+            f"On this CPU machine the {env.world_size} ranks and gloo's communication threads share {env.cpu_count} "
+            "logical cores, so an all-reduce running during backward takes cores from it: communication and compute "
             "compete instead of overlapping for free."
         )
     reasons.append(
@@ -213,32 +215,44 @@ def _discussion(p: OverheadPrediction, results: ResultsFile) -> str:
     return " ".join(sentences) + "\n\n" + "\n".join(f"- {r}" for r in reasons)
 
 
+def _run_fit(machine: MachineResults, results: ResultsFile) -> LinkFit | str | None:
+    """The machine's fit for the run's backend, device, world size and GPU sharing (None: not measured)."""
+    env = results.environment
+    for group, fit in _machine_fits(machine).items():
+        if (group.backend, group.device_type, group.world_size, group.shared_gpu) == (
+                env.backend, env.device_type, env.world_size, env.shared_gpu):
+            return fit
+    return None
+
+
 def _prediction_part(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> tuple[list[str], list]:
-    meta, setting = results.meta, results.meta.get("setting") or {}
-    backend, device = ddp_run_setting(meta)
-    world_size = int(setting.get("world_size", meta.get("world_size", 0)))
-    shared = bool(meta.get("shared_gpu"))
+    env, setting = results.environment, results.setting
+    backend, device, world_size = env.backend, env.device_type, env.world_size
     out = ["", fmt.run_heading(machine, results).replace("###", "####"), "", ddp_setting_line(results)]
-    fit = _machine_fits(machine).get(CommGroup(backend, device, world_size, shared))
+    if world_size == 1:
+        return out + ["", "One rank communicates nothing: there is no overhead to model in this run."], []
+    fit = _run_fit(machine, results)
     if fit is None:
         command = GPU.command if device == "cuda" else CPU.command
         return out + ["", f"The all-reduce benchmark on `{machine.tag}` has no {backend} line with {world_size} "
                           f"ranks on {device}: **not measured here**; `{command}` fills it."], []
     if isinstance(fit, str):
         return out + ["", f"No fit for {backend} with {world_size} ranks: {fit}."], []
-    n_parameters = meta.get("n_parameters")
+    n_parameters = results.notes.get("n_parameters")
     sweep = bucket_sweep(results.records)
     if not n_parameters or not sweep:
         return out + ["", "This run lacks the parameter count or a bucket sweep; nothing to predict."], []
-    p_max = largest_parameter_bytes(setting.get("model_size", ""), setting.get("context_length"))
+    model_size = setting.get("model_size", "")
+    p_max = largest_parameter_bytes(model_size, setting.get("context_length"))
     prediction = predict_overhead(n_parameters, p_max, fit, sweep)
     if isinstance(prediction, str):
         return out + ["", f"No prediction: {prediction}."], []
     p = prediction
+    torch_ddp = by_variant(results.records).get(TORCH_DDP)
     out += ["",
             f"- $s$ = {FLOAT32_BYTES} bytes × {n_parameters} parameters = {fmt.mb(p.s_bytes)} MB; "
-            + (f"$p_{{\\max}}$ = {fmt.mb(p_max)} MB (largest parameter of model `{setting.get('model_size')}`)."
-               if p_max else "largest parameter unknown (model size not in `cs336_systems.model`)."),
+            + (f"$p_{{\\max}}$ = {fmt.mb(p_max)} MB (largest parameter of model `{model_size}`)."
+               if p_max else "largest parameter unknown (model size not in `cs336_basics.model`)."),
             f"- fit for {backend}, {world_size} ranks on {device}: $o$ = {fmt.us(fit.o_s)} µs, $w$ = "
             f"{fmt.gbps(fit.w_bytes_per_s)} GB/s ($R^2$ = {fmt.sig(fit.r2, 4)}).",
             f"- $n_b^\\ast = \\sqrt{{s/(w\\,o)}}$ = {fmt.sig(p.n_b_opt)}; "
@@ -246,9 +260,8 @@ def _prediction_part(ctx: RenderContext, machine: MachineResults, results: Resul
             f"$b_{{\\mathrm{{opt}}}}$ = **{fmt.mb(p.b_opt_bytes)} MB**, predicted exposed overhead "
             f"{fmt.ms(p.t_opt_s)} ms (unclamped minimum $2\\sqrt{{s\\,o/w}}$ = "
             f"{fmt.ms(p.t_unconstrained_s)} ms).",
-            "", _prediction_table(p, by_variant(results.records).get("torch-ddp"))]
-    path = overhead_model_figure(p, by_variant(results.records).get("torch-ddp"),
-                                 f"overhead model vs bucket sweep on {machine.tag}",
+            "", _prediction_table(p, torch_ddp)]
+    path = overhead_model_figure(p, torch_ddp, f"overhead model vs bucket sweep on {machine.tag}",
                                  ctx.figure_path(f"{machine.tag}_{results.name}_overhead_model.png"))
     out += ["", ctx.image(path, f"overhead model against the measured bucket sweep on {machine.tag}"), "",
             _discussion(p, results)]
@@ -262,12 +275,12 @@ def overhead_model_section(ctx: RenderContext) -> Section:
             "", "For each DDP step run, the fit of the same backend and world size on the same machine, "
                 "$s$ from the run's parameter count, $n_b$ from the buckets each bucketed variant actually built."]
     figures = []
-    for machine, results in ctx.inputs.runs("ddp_step"):
+    for machine, results in step_runs(ctx.inputs):
         lines, figs = _prediction_part(ctx, machine, results)
         out += lines
         figures += figs
-    notes = [not_measured_notes(ctx.inputs, "allreduce", "Fit of $o$ and $w$ (all-reduce benchmark)"),
-             not_measured_notes(ctx.inputs, "ddp_step", "Bucket sweep to compare with (DDP step benchmark)")]
+    notes = [not_measured_notes(ctx.inputs, AllReduceRecord.KIND, "Fit of $o$ and $w$ (all-reduce benchmark)"),
+             step_not_measured(ctx, "Bucket sweep to compare with (DDP step benchmark)")]
     notes = [n for n in notes if n]
     if notes:
         out += ["", "### Not measured here", "", *notes]

@@ -1,0 +1,179 @@
+"""The interleaved rounds of the DDP step benchmark (problems 3, 4, 5a, 6a).
+
+One process group times full training steps of the Transformer LM (forward, backward,
+gradient synchronisation, AdamW step) for each variant (see variants.py). All variants wrap
+the *same* module and optimizer, are built once and warmed up once (as a training job builds
+its wrapper once; with ``rebuild_each_round``, for models whose gradient buffers fit in memory
+only a few times over, our wrappers are instead built, warmed up and dropped within each
+round), and run interleaved round by round (round r: a few steps of each variant in turn, the
+order rotated by one variant each round so that no variant always follows the same one), so
+that drift of a noisy machine (thermal, other tenants) hits all alike. Each step starts after
+a barrier; its time is the slowest rank's. The time in gradient synchronisation is naive's and
+flat's all-reduce phase after backward, or the overlapped variants' wait in
+``finish_gradient_synchronization``; torch's DDP synchronises inside backward, so it has none.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from cs336_systems.bench.step.record import StepRecord
+from cs336_systems.bench.step.setting import StepSetting
+from cs336_systems.bench.step.summarize import RawVariant, summarize
+from cs336_systems.bench.step.variants import COMPUTE_ONLY, TORCH_DDP, StepVariant, build_variant
+from cs336_systems.bench.workload import Workload, build_workload
+from cs336_systems.comm.timing import slowest_rank, small_tensor_device, sync_compute_stream, sync_device
+from cs336_systems.ddp import BucketedDDP
+from cs336_systems.launch import RankContext, run_ranks
+
+RANK_TIMEOUT_S = 600  # one collective on a loaded machine with a large model
+RUN_TIMEOUT_S = 3600  # the whole run
+
+
+@dataclass
+class _Measurements:
+    """Everything one rank measured for one variant, over all rounds."""
+
+    step_times: list[float] = field(default_factory=list)
+    sync_times: list[float] = field(default_factory=list)
+    calls: list[int] = field(default_factory=list)
+    n_buckets: int | None = None
+    bucket_cap_bytes: float | None = None  # what "auto" chose, for bucketed variants
+
+
+@dataclass(frozen=True)
+class StepRun:
+    """A finished run, as one process sees it."""
+
+    records: list[StepRecord]  # one per variant, in the order of the first round
+    n_parameters: int
+    world_size: int  # ranks of the job
+    shared_gpu: bool  # ranks of a node took turns on one GPU
+    rank: int  # this process's rank (0 when the ranks were spawned here): rank 0 writes
+
+
+def _timed_step(variant: StepVariant, optimizer: torch.optim.Optimizer, work: Workload,
+                device: torch.device) -> tuple[float, float]:
+    """One training step; returns (step seconds, seconds in gradient synchronisation)."""
+    sync_device(device)
+    dist.barrier()
+    start = time.perf_counter()
+    optimizer.zero_grad(set_to_none=True)
+    logits = variant.model(work.tokens)
+    F.cross_entropy(logits.flatten(0, 1), work.targets.flatten()).backward()
+    # The compute stream only: what is still being communicated when backward ends stays outstanding.
+    sync_compute_stream(device)
+    backward_done = time.perf_counter()
+    if variant.finish is not None:
+        variant.finish()
+        sync_compute_stream(device)
+    sync_done = time.perf_counter()
+    optimizer.step()
+    sync_device(device)
+    return time.perf_counter() - start, sync_done - backward_done
+
+
+def _torch_ddp_bucket_count(model: nn.Module) -> int | None:
+    """Buckets torch's DDP reduces per step (one all-reduce each), from its logging data.
+
+    At construction torch's DDP may put every parameter in one bucket and rebuild the buckets
+    in gradient-ready order after the first backward (``bucket_cap_mb`` applies from then on),
+    so the rebuilt layout, where there is one, is the one each timed step uses.
+    ``_get_ddp_logging_data`` is private; if a torch version lacks it, report nothing.
+    """
+    try:
+        data = model._get_ddp_logging_data()
+    except (AttributeError, RuntimeError):
+        return None
+    sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+    if not sizes:
+        return None
+    return len(str(sizes).split(","))
+
+
+def _retire(variant: StepVariant, m: _Measurements) -> None:
+    """Record a variant's bucket layout, then detach it from the shared module."""
+    if isinstance(variant.wrapper, BucketedDDP):
+        m.n_buckets = len(variant.wrapper.buckets)
+        cap = variant.wrapper.bucket_cap_bytes
+        m.bucket_cap_bytes = cap if math.isfinite(cap) else None
+    if variant.name == TORCH_DDP:
+        m.n_buckets = _torch_ddp_bucket_count(variant.model)
+        if m.n_buckets is not None:
+            m.calls.append(m.n_buckets)
+    if variant.wrapper is not None:
+        variant.wrapper.detach()
+
+
+def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> dict:
+    work = build_workload(ctx, setting)
+    optimizer = torch.optim.AdamW(work.module.parameters(), lr=1e-4)
+    names = setting.variant_names()
+    measured = {name: _Measurements() for name in names}
+
+    # Wrappers stay attached to the shared module for the whole run: each one's hooks act only
+    # on backward passes of its own forward (ddp/overlap.py), and torch's reducer ignores
+    # backward passes it did not start, so the wrappers do not see each other's steps. Torch's
+    # DDP is always built once: rebuilding it would re-register its hooks on the module.
+    def build(name: str) -> StepVariant:
+        variant = build_variant(name, work.module, ctx)
+        for _ in range(setting.warmup_steps):
+            _timed_step(variant, optimizer, work, ctx.device)
+        return variant
+
+    rebuilt = {n for n in names if setting.rebuild_each_round and n != TORCH_DDP}
+    kept = {name: build(name) for name in names if name not in rebuilt}
+    for r in range(setting.rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            variant, m = kept[name] if name in kept else build(name), measured[name]
+            for _ in range(setting.steps_per_round):
+                step_s, sync_s = _timed_step(variant, optimizer, work, ctx.device)
+                m.step_times.append(step_s)
+                m.sync_times.append(sync_s)
+                if variant.wrapper is not None:
+                    m.calls.append(variant.wrapper.allreduce_calls_last_step)
+            if name in rebuilt:
+                _retire(variant, m)
+    for variant in kept.values():
+        _retire(variant, measured[variant.name])
+
+    small = small_tensor_device(ctx.device, ctx.backend)
+    raw = []
+    for name in names:
+        m = measured[name]
+        has_sync_phase = name not in (COMPUTE_ONLY, TORCH_DDP)  # the same on every rank
+        raw.append(RawVariant(
+            variant=name,
+            step_times_s=slowest_rank(m.step_times, small),
+            sync_times_s=slowest_rank(m.sync_times, small) if has_sync_phase else None,
+            allreduce_calls_per_step=statistics.median(m.calls) if m.calls else None,
+            n_buckets=m.n_buckets,
+            bucket_cap_bytes=m.bucket_cap_bytes,
+        ))
+    return {"raw": raw, "n_parameters": sum(p.numel() for p in work.module.parameters()),
+            "world_size": ctx.world_size, "shared_gpu": ctx.shared_gpu, "rank": ctx.rank}
+
+
+def run_step_benchmark(setting: StepSetting) -> StepRun:
+    """Run the benchmark: spawn the ranks here, or be one rank under torchrun/SLURM.
+
+    ValueError for a setting that cannot run (before any process starts); every rank returns
+    the same figures (slowest rank per step).
+    """
+    setting.validate()
+    results = run_ranks(
+        _benchmark_rank, setting.world_size, args=(setting,), backend=setting.backend,
+        device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S,
+    )
+    mine = results[0]
+    return StepRun(summarize(mine["raw"], setting.tokens_per_step), mine["n_parameters"], mine["world_size"],
+                   mine["shared_gpu"], mine["rank"])
