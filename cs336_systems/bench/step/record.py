@@ -29,6 +29,7 @@ class StepRecord(Record):
     n_buckets: int | None  # buckets built (bucketed variants; torch DDP after its rebuild)
     bucket_cap_bytes: float | None  # the cap a bucketed variant used ("auto": the one it chose)
     bucket_size_mb: float | None  # the cap the name asked for (None: not bucketed, or "auto")
+    bucket_bytes: list[int] | None  # payload of each bucket as built, in launch order (bucketed variants)
     median_step_s: float
     min_step_s: float
     max_step_s: float

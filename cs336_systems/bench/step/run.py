@@ -47,6 +47,7 @@ class _Measurements:
     calls: list[int] = field(default_factory=list)
     n_buckets: int | None = None
     bucket_cap_bytes: float | None = None  # what "auto" chose, for bucketed variants
+    bucket_bytes: list[int] | None = None  # each bucket's payload, in launch order
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,7 @@ def _retire(variant: StepVariant, m: _Measurements) -> None:
     """Record a variant's bucket layout, then detach it from the shared module."""
     if isinstance(variant.wrapper, BucketedDDP):
         m.n_buckets = len(variant.wrapper.buckets)
+        m.bucket_bytes = [bucket.buffer.payload_bytes for bucket in variant.wrapper.buckets]
         cap = variant.wrapper.bucket_cap_bytes
         m.bucket_cap_bytes = cap if math.isfinite(cap) else None
     if variant.name == TORCH_DDP:
@@ -158,6 +160,7 @@ def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> dict:
             allreduce_calls_per_step=statistics.median(m.calls) if m.calls else None,
             n_buckets=m.n_buckets,
             bucket_cap_bytes=m.bucket_cap_bytes,
+            bucket_bytes=m.bucket_bytes,
         ))
     return {"raw": raw, "n_parameters": sum(p.numel() for p in work.module.parameters()),
             "world_size": ctx.world_size, "shared_gpu": ctx.shared_gpu, "rank": ctx.rank}

@@ -26,6 +26,7 @@ class RawVariant:
     allreduce_calls_per_step: float | None
     n_buckets: int | None = None
     bucket_cap_bytes: float | None = None
+    bucket_bytes: list[int] | None = None
 
 
 def summarize(raw: list[RawVariant], tokens_per_step: int) -> list[StepRecord]:
@@ -46,6 +47,7 @@ def summarize(raw: list[RawVariant], tokens_per_step: int) -> list[StepRecord]:
             n_buckets=r.n_buckets,
             bucket_cap_bytes=r.bucket_cap_bytes,
             bucket_size_mb=bucket_size_of(r.variant),
+            bucket_bytes=None if r.bucket_bytes is None else list(r.bucket_bytes),
             median_step_s=median_step,
             min_step_s=steps[0],
             max_step_s=steps[-1],
