@@ -67,5 +67,5 @@ class GradeRecord(Record):
     skipped: int
     points: float | None  # earned: the problem's points times passed / total; None for "beyond"
     possible: int | None
-    files: list[str]  # the test files that grade it
+    files: dict[str, list[int]]  # each test file that grades it -> [passed, total]
     failed: list[str]  # test ids that failed

@@ -71,14 +71,19 @@ class GradeReport:
             self.passed.add(report.nodeid)
 
     def records(self) -> list[GradeRecord]:
-        failed, files = defaultdict(list), defaultdict(set)
+        failed: dict[str, list[str]] = defaultdict(list)
+        files: dict[str, dict[str, list[int]]] = defaultdict(dict)
         for nodeid in sorted(self.failed):
             failed[self.problem[nodeid]].append(nodeid)
-        for nodeid, problem in self.problem.items():
-            files[problem].add(nodeid.split("::")[0])
+        for nodeid, problem in sorted(self.problem.items()):
+            if nodeid in self.skipped and nodeid not in self.failed:
+                continue
+            counts = files[problem].setdefault(nodeid.split("::")[0], [0, 0])
+            counts[0] += nodeid in self.passed and nodeid not in self.failed
+            counts[1] += 1
         return [
             GradeRecord(name, ok, total, skipped, earned if name in PROBLEM_POINTS else None,
-                        int(possible) if name in PROBLEM_POINTS else None, sorted(files[name]), failed[name])
+                        int(possible) if name in PROBLEM_POINTS else None, files[name], failed[name])
             for name, ok, total, skipped, earned, possible in self.rows()
         ]
 

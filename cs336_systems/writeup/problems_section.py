@@ -32,6 +32,27 @@ def _status(grade: GradeRecord | None) -> str:
     return text
 
 
+# The reliability tests, and what one of their cases is (README.md, "Reliability").
+RELIABILITY = (
+    ("tests/test_bad_inputs.py", "bad values fed to the flags of every script (each must exit 2 with one line "
+                                 "naming the flag, before any process starts)"),
+    ("tests/test_signals.py", "faults injected into running 2-rank jobs (SIGTERM to a background launcher, Ctrl-C, "
+                              "SIGKILL, SIGTERM to torchrun, an interrupted suite; each asserts no process of the "
+                              "job is left 10 s later and no results file is written)"),
+    ("tests/test_ddp_buffers.py", "BatchNorm runs compared with torch's DDP, buffer broadcast on and off"),
+    ("tests/test_ddp_host_waits.py", "steady-state steps counted for host-device waits (0 allowed)"),
+)
+
+
+def _reliability(beyond: GradeRecord) -> list[str]:
+    lines = []
+    for path, what in RELIABILITY:
+        if path in beyond.files:
+            passed, total = beyond.files[path]
+            lines.append(f"- `{path}`: {total} {what}: {passed} of {total} passed.")
+    return lines
+
+
 def problems_section(ctx: RenderContext) -> Section:
     grades_file = _latest_grades(ctx)
     grades = {g.problem: g for g in grades_file.records} if grades_file else {}
@@ -39,7 +60,7 @@ def problems_section(ctx: RenderContext) -> Section:
     for p in PROBLEMS:
         grade = grades.get(p.name)
         section = f"`{p.name}` below" if p.deliverable in (MEASURED, WRITTEN) else "–"
-        tests = ", ".join(f"`{f}`" for f in grade.files) if grade and grade.files else "–"
+        tests = ", ".join(f"`{f}`" for f in sorted(grade.files)) if grade and grade.files else "–"
         rows.append([f"`{p.name}`", p.points, p.edition, ANSWERED_BY[p.deliverable],
                      ", ".join(f"`{w}`" for w in p.where), section, tests, _status(grade)])
     out = [
@@ -60,7 +81,7 @@ def problems_section(ctx: RenderContext) -> Section:
                                      parts=[f"`make test` ({' '.join(grades_file.setting.get('pytest_args', []))})"])]
         if beyond is not None:
             out += ["", f"Tests of what goes beyond the handout (launchers, signals, bad inputs, the doctor, the "
-                        f"writeup itself): {_status(beyond)}."]
+                        f"writeup itself): {_status(beyond)}.", "", *_reliability(beyond)]
         failing = [t for g in grades.values() for t in g.failed]
         if failing:
             out += ["", "Failing in that run: " + ", ".join(f"`{t}`" for t in failing) + "."]
