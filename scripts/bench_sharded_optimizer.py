@@ -1,19 +1,21 @@
 """Problem optimizer_state_sharding_accounting: memory and step time with and without ZeRO-1.
 
-Trains the Transformer LM a few data-parallel steps with plain AdamW on every rank
-("unsharded"), then with ShardedOptimizer over AdamW ("sharded"), and writes one JSON record per
-(configuration, rank): peak and current memory after initialisation, directly before and
-directly after the optimizer step, a breakdown (parameters, gradients, optimizer state, other),
-the expected optimizer state, communication volumes, and step times (slowest rank). On a CPU
-memory is the process RSS, on a GPU the CUDA allocator's count (each record's "method").
+Trains the Transformer LM data-parallel with plain AdamW on every rank ("unsharded") and with
+ShardedOptimizer over AdamW ("sharded"), in one process group, and writes one record per
+(configuration, rank) to writeup/results/<tag>/sharded_optimizer.json: peak and current memory
+after the model is built, after initialisation, directly before and directly after the
+optimizer step, each broken down into parameters, gradients, optimizer state and the rest; the
+optimizer state against its formula; bytes received by the broadcasts; and step times, slowest
+rank, from rounds that alternate the two configurations. On a CPU memory is the process RSS, on
+a GPU the CUDA allocator's count (each record's "method"). See cs336_systems/bench/accounting.
 
 Three ways to run it:
 
-    # plain command: spawns the ranks on this machine (gloo on CPU), one launch per configuration
-    python scripts/bench_sharded_optimizer.py --model-size cpu-small --world-size 2
+    # plain command: spawns the ranks on this machine (gloo on CPU)
+    python scripts/bench_sharded_optimizer.py --model-size cpu-small --world-size 2 --global-batch 4
 
-    # under torchrun: one process per rank; both configurations run in the same processes
-    torchrun --nproc-per-node 2 scripts/bench_sharded_optimizer.py --device cuda --model-size xl
+    # under torchrun: one process per rank, rendezvous from the environment
+    torchrun --nproc-per-node 2 scripts/bench_sharded_optimizer.py --device cuda --model-size xl --global-batch 8
 
     # on a SLURM cluster through submitit (nodes x GPUs per node ranks)
     python scripts/submit_slurm.py --nodes 1 --gpus-per-node 2 -- scripts/bench_sharded_optimizer.py --device cuda --model-size xl
@@ -21,95 +23,91 @@ Three ways to run it:
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 
-from cs336_systems.launch import running_under_launcher
-from cs336_systems.run_metadata import collect_environment, results_dir, write_results
-from cs336_systems.sharding_accounting import (
+from cs336_systems import cli
+from cs336_systems.bench.accounting import (
     PHASES,
-    ShardingAccountingSetting,
+    AccountingRecord,
+    AccountingRun,
+    AccountingSetting,
     communication_bytes_per_rank,
-    run_sharding_accounting,
-    setting_record,
+    run_accounting,
+    sharded_minus_unsharded,
 )
-
-MIB = 2**20
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    d = ShardingAccountingSetting()
-    p.add_argument("--model-size", default=d.model_size)
-    p.add_argument("--context-length", type=int, default=d.context_length)
-    p.add_argument("--batch-per-rank", type=int, default=d.batch_per_rank)
-    p.add_argument("--world-size", type=int, default=d.world_size)
-    p.add_argument("--device", choices=["cpu", "cuda"], default=d.device_type)
-    p.add_argument("--backend", choices=["gloo", "nccl"], default=None)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    p.add_argument("--bucket-size-mb", type=float, default=d.bucket_size_mb)
-    p.add_argument("--tag", default=None, help="results folder name (default: machine tag)")
-    p.add_argument("--out", default=None, help="output JSON (default: writeup/results/<tag>/sharded_optimizer.json)")
-    return p.parse_args(argv)
+from cs336_systems.launch import Interrupted
+from cs336_systems.results.environment import collect_environment
+from cs336_systems.results.files import ResultsFile, write_results
+from cs336_systems.results.schema import to_json
+from cs336_systems.units import MB
 
 
-def _mib(n: float | None) -> str:
-    return "-" if n is None else f"{n / MIB:.1f}"
+def _mb(n_bytes: float | None) -> str | None:
+    return None if n_bytes is None else f"{n_bytes / MB:.1f}"
 
 
-def print_table(records: list[dict]) -> None:
-    print(f"memory in MiB above each rank's baseline; method: {records[0]['method']}")
-    peaks = " ".join(f"{'peak ' + phase:>18}" for phase in PHASES)
-    print(f"{'configuration':<13} {'rank':>4} {'state':>8} {'expected':>9} {peaks} {'step ms':>8} {'opt ms':>7}")
-    for r in records:
-        peak = " ".join(f"{_mib(r['phases'][phase]['peak_above_baseline_bytes']):>18}" for phase in PHASES)
-        print(f"{r['configuration']:<13} {r['rank']:>4} {_mib(r['measured_optimizer_state_bytes']):>8} "
-              f"{_mib(r['expected_optimizer_state_bytes']):>9} {peak} "
-              f"{1e3 * r['median_step_s']:>8.1f} {1e3 * r['median_optimizer_step_s']:>7.1f}")
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.1f}"
+
+
+def format_records(records: list[AccountingRecord]) -> str:
+    """The console table: one row per (configuration, rank); memory in MB above the baseline."""
+    rows = [[r.configuration, r.rank, _mb(r.baseline_bytes), _mb(r.optimizer_state_bytes),
+             _mb(r.expected_optimizer_state_bytes), *(_mb(r.phase(p).peak_above_baseline_bytes) for p in PHASES),
+             _ms(r.median_step_s), _ms(r.median_optimizer_step_s)] for r in records]
+    header = ["configuration", "rank", "baseline", "state", "expected", *(f"peak {p}" for p in PHASES),
+              "step ms", "opt ms"]
+    return cli.format_table(header, rows)
+
+
+def format_difference(records: list[AccountingRecord]) -> str:
+    """Sharded minus unsharded, paired round by round, with its 95% interval."""
+    parts = []
+    for label, times in (("step", "step_times_s"), ("optimizer.step()", "optimizer_step_times_s")):
+        found = sharded_minus_unsharded(records, times)
+        if found is None:
+            continue
+        median, interval = found
+        spread = "no interval: fewer than 6 rounds" if interval is None else (
+            f"95% interval {_ms(interval[0])} to {_ms(interval[1])} ms")
+        parts.append(f"{label} {_ms(median)} ms ({spread})")
+    return "sharded minus unsharded, median over rounds: " + "; ".join(parts)
+
+
+def build_parser() -> cli.Parser:
+    """The flags, generated from AccountingSetting, plus --out and --tag."""
+    parser = cli.Parser(AccountingSetting, __doc__)
+    parser.add_output(f"{AccountingRecord.KIND}.json")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    parser = build_parser()
+    setting, args = parser.parse_settings(argv)
     try:
-        setting = ShardingAccountingSetting(
-            model_size=args.model_size,
-            context_length=args.context_length,
-            batch_per_rank=args.batch_per_rank,
-            world_size=args.world_size,
-            device_type=args.device,
-            backend=args.backend,
-            steps=args.steps,
-            warmup_steps=args.warmup_steps,
-            bucket_size_mb=args.bucket_size_mb,
-        )
-        records = run_sharding_accounting(setting)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if running_under_launcher() and os.environ["RANK"] != "0":
-        return 0  # every rank gathered all records; rank 0 writes them
-    backend = args.backend or ("nccl" if args.device == "cuda" else "gloo")
-    first = records[0]
-    # Under torchrun the launcher, not --world-size, decides how many ranks there are.
-    world_size = first["world_size"]
-    meta = collect_environment(backend, world_size, setting.device_type)
-    meta.update(
-        setting=setting_record(setting),
-        n_parameters=first["n_parameters"],
-        memory_method=first["method"],
-        communication_bytes_per_rank=communication_bytes_per_rank(first["parameter_bytes"], world_size),
-    )
-    out = args.out or results_dir(args.tag) / "sharded_optimizer.json"
-    write_results(out, records, meta)
-    print(f"{setting.model_size} ({first['n_parameters'] / 1e6:.1f}M parameters), {world_size} ranks, "
-          f"{backend}, {setting.batch_per_rank} x {setting.context_length} tokens per rank")
-    print_table(records)
-    comm = meta["communication_bytes_per_rank"]
-    print(f"per rank per step: DDP all-reduce {_mib(comm['ddp_allreduce'])} MiB, sharded-optimizer "
-          f"broadcasts {_mib(comm['sharded_optimizer_broadcast'])} MiB (together "
-          f"{_mib(comm['ddp_plus_sharded_optimizer'])}), paper ZeRO-1 {_mib(comm['paper_zero1'])} MiB")
+        out = parser.output_path(args, AccountingRecord.KIND)
+    except ValueError as e:  # a bad BENCH_MACHINE_TAG
+        parser.error(str(e))
+    try:
+        run: AccountingRun = run_accounting(setting)
+    except Interrupted as e:
+        print(f"interrupted: {e}", file=sys.stderr)
+        return e.exit_status
+    if run.rank != 0:
+        return 0  # every rank gathered every record; rank 0 writes them
+    first = run.records[0]
+    environment = collect_environment(setting.backend_name, run.world_size, setting.device, run.shared_gpu)
+    notes = {"n_parameters": first.n_parameters}
+    write_results(out, ResultsFile(AccountingRecord.KIND, environment, to_json(setting), run.records, notes))
+    print(f"{setting.model_size} ({first.n_parameters / 1e6:.1f}M parameters), {run.world_size} ranks, "
+          f"{setting.backend_name}, global batch {setting.global_batch} x {setting.context_length} tokens; "
+          f"memory in MB above each configuration's baseline ({first.method})")
+    print(format_records(run.records))
+    print(format_difference(run.records))
+    comm = communication_bytes_per_rank(first.parameter_bytes, run.world_size)
+    print(f"per rank per step: DDP all-reduce {_mb(comm.ddp_allreduce)} MB, sharded-optimizer broadcasts "
+          f"{_mb(comm.sharded_optimizer_broadcast)} MB (together {_mb(comm.ddp_plus_sharded_optimizer)}), "
+          f"paper ZeRO-1 {_mb(comm.paper_zero1)} MB")
     print(f"wrote {out}")
     return 0
 

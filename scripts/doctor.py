@@ -2,7 +2,8 @@
 
 Prints a per-rank table and, for each problem found, a plain-language finding with its usual
 cause; exits 1 if anything was found, 0 with an OK summary otherwise (2: bad arguments).
-See cs336_systems/doctor.py for what is checked and how.
+--out also writes the report as a results file (kind "doctor"). See cs336_systems/doctor/ for
+what is checked and how.
 
     # plain command: spawns 2 ranks on this machine (gloo on CPU)
     python scripts/doctor.py
@@ -23,68 +24,41 @@ See cs336_systems/doctor.py for what is checked and how.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 
-from cs336_systems.doctor import (
-    INJECTIONS,
-    DoctorOptions,
-    exit_status,
-    format_report,
-    run_doctor,
-    validate_options,
-    write_report,
-)
-from cs336_systems.launch import running_under_launcher
+from cs336_systems import cli
+from cs336_systems.doctor import DoctorReport, DoctorSetting, exit_status, format_report, run_doctor
+from cs336_systems.launch import Interrupted
+from cs336_systems.results.environment import collect_environment
+from cs336_systems.results.files import ResultsFile, write_results
+from cs336_systems.results.schema import to_json
 
 
-def parse_args(argv: list[str] | None) -> DoctorOptions | argparse.Namespace:
-    d = DoctorOptions()
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--world-size", type=int, default=d.world_size, help="ranks to spawn (not under torchrun)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=d.device_type)
-    p.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="default: nccl on cuda, gloo on cpu")
-    p.add_argument("--model-size", default=d.model_size, help="model of the step and of the bucket suggestion")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sequences per rank per step")
-    p.add_argument("--dataset-len", type=int, default=d.dataset_len, help="samples the sampler shards")
-    p.add_argument("--steps", type=int, default=d.timed_steps, help="timed training steps")
-    p.add_argument("--straggler-factor", type=float, default=d.straggler_factor)
-    p.add_argument("--checkin-timeout-s", type=float, default=d.checkin_timeout_s)
-    p.add_argument("--timeout-s", type=float, default=d.timeout_s, help="process-group timeout")
-    p.add_argument("--inject", choices=INJECTIONS, default=None, help="plant a known fault")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
-    return p.parse_args(argv)
+def build_parser() -> cli.Parser:
+    """The flags, generated from DoctorSetting, plus --out (no default: written only when asked)."""
+    parser = cli.Parser(DoctorSetting, __doc__)
+    parser.add_argument("--out", type=cli.OutputFile(), default=None, metavar="PATH",
+                        help="also write the report as a results file (kind \"doctor\")")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    options = DoctorOptions(
-        world_size=args.world_size,
-        device_type=args.device,
-        backend=args.backend,
-        model_size=args.model_size,
-        batch_size=args.batch_size,
-        dataset_len=args.dataset_len,
-        timed_steps=args.steps,
-        straggler_factor=args.straggler_factor,
-        checkin_timeout_s=args.checkin_timeout_s,
-        timeout_s=args.timeout_s,
-        inject=args.inject,
-    )
+    setting, args = build_parser().parse_settings(argv)
     try:
-        validate_options(options)
-        report = run_doctor(options)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        run = run_doctor(setting)
+    except Interrupted as e:
+        print(f"interrupted: {e}", file=sys.stderr)
+        return e.exit_status
     # Every rank built the same report; under torchrun, rank 0 speaks for all, its exit status
     # included: a rank exiting 1 makes torchrun kill the others, perhaps while rank 0 writes.
-    if running_under_launcher() and os.environ["RANK"] != "0":
+    if run.rank != 0:
         return 0
+    [report] = run.reports
     print(format_report(report))
-    if args.json:
-        write_report(args.json, report)
+    if args.out:
+        first = report.ranks[0]
+        environment = collect_environment(first.backend, first.world_size, setting.device, run.shared_gpu)
+        write_results(args.out, ResultsFile(DoctorReport.KIND, environment, to_json(setting), [report]))
     return exit_status(report)
 
 

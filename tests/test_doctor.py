@@ -1,4 +1,5 @@
-"""The DDP doctor: its pure finders, every injected fault end to end, and the script's exit status.
+"""The DDP doctor: its pure finders, the calibration's fit rule, every injected fault end to end,
+and the script's exit status, flags and results file.
 
 The end-to-end scenarios (healthy and each fault) share ONE launch of 2 ranks, since starting
 ranks costs seconds here; each test then checks its scenario's report.
@@ -6,17 +7,16 @@ ranks costs seconds here; each test then checks its scenario's report.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.scripts_runner import run_script
 import torch
 from torch.utils.data import DistributedSampler
 
+from cs336_basics.model import TransformerLM, model_config
+from cs336_systems.ddp.auto_bucket import fit_calibration
 from cs336_systems.doctor import (
     AFTER_TRAINING,
     AFTER_WRAPPING,
@@ -25,7 +25,8 @@ from cs336_systems.doctor import (
     OVERLAPPING_SHARDS,
     STRAGGLER,
     UNSEEDED,
-    DoctorOptions,
+    DoctorRun,
+    DoctorSetting,
     ParameterChecksum,
     exit_status,
     find_missing_ranks,
@@ -36,7 +37,8 @@ from cs336_systems.doctor import (
     parameter_checksums,
     run_doctor_scenarios,
 )
-from cs336_systems.model import TransformerLM, model_config
+from cs336_systems.results.kinds import read_any
+from tests.scripts_runner import run_script
 
 pytestmark = pytest.mark.problem("beyond")
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "doctor.py"
@@ -151,13 +153,41 @@ def test_missing_ranks_are_named():
 
 
 # --------------------------------------------------------------------------------------------
+# The all-reduce calibration's fit and its one fallback rule (cs336_systems/ddp/auto_bucket.py)
+
+PAYLOADS = [4096, 65536, 524288, 4194304]
+
+
+def test_calibration_fit_recovers_a_planted_line():
+    o, w = 300e-6, 1.5e9
+    fitted_o, fitted_w, r2, note = fit_calibration(PAYLOADS, [o + b / w for b in PAYLOADS])
+    assert fitted_o == pytest.approx(o) and fitted_w == pytest.approx(w) and r2 == pytest.approx(1.0)
+    assert note is None
+
+
+def test_a_negative_intercept_is_taken_as_zero_with_a_note():
+    """Times on a line through (0, -20 us): the per-call cost is below what the timings resolve."""
+    w = 1e8
+    o, fitted_w, r2, note = fit_calibration(PAYLOADS, [-20e-6 + b / w for b in PAYLOADS])
+    assert o == 0.0 and fitted_w == pytest.approx(w) and r2 == pytest.approx(1.0)
+    assert "below what the timings resolve; taken as 0" in note
+
+
+def test_times_that_do_not_grow_fall_back_to_the_smallest_and_largest_payloads():
+    seconds = [2e-3, 1.5e-3, 1.2e-3, 1.0e-3]  # falling with the payload: no bandwidth to fit
+    o, w, r2, note = fit_calibration(PAYLOADS, seconds)
+    assert r2 is None and o == seconds[0] and w == PAYLOADS[-1] / seconds[-1]
+    assert "did not grow with the payload" in note
+
+
+# --------------------------------------------------------------------------------------------
 # End to end: the healthy run and every fault, in one launch of 2 ranks
 
 # Noise margins for a loaded shared machine: a straggler must be 0.2 s slower than the other
 # rank (the injected one sleeps 0.6 s per step), and the check-in timeout is 2 s.
-E2E_OPTIONS = DoctorOptions(
+E2E_SETTING = DoctorSetting(
     world_size=2,
-    timed_steps=3,
+    steps=3,
     straggler_min_excess_s=0.2,
     straggler_delay_s=0.6,
     checkin_timeout_s=2.0,
@@ -168,7 +198,7 @@ SCENARIOS = [None, UNSEEDED, OVERLAPPING_SHARDS, STRAGGLER, MISSING_RANK]
 
 @pytest.fixture(scope="module")
 def reports():
-    return dict(zip(SCENARIOS, run_doctor_scenarios(E2E_OPTIONS, SCENARIOS)))
+    return dict(zip(SCENARIOS, run_doctor_scenarios(E2E_SETTING, SCENARIOS).reports))
 
 
 @pytest.mark.timeout(300)
@@ -177,17 +207,18 @@ def test_healthy_run_is_ok_and_suggests_a_bucket(reports):
     report = reports[None]
     assert report.findings == [] and exit_status(report) == 0, report.findings
     assert [r.rank for r in report.ranks] == [0, 1]
-    assert all(r.checkin_s is not None and r.checkin_s <= E2E_OPTIONS.checkin_timeout_s for r in report.ranks)
-    assert sum(r.samples for r in report.ranks) == E2E_OPTIONS.dataset_len
+    assert all(r.checkin_s is not None and r.checkin_s <= E2E_SETTING.checkin_timeout_s for r in report.ranks)
+    assert sum(r.samples for r in report.ranks) == E2E_SETTING.dataset_len
     model = _model(0)
     sizes = [p.numel() * p.element_size() for p in model.parameters()]
     assert report.gradient_bytes == sum(sizes) and report.largest_param_bytes == max(sizes)
     o, w = report.allreduce_o_s, report.allreduce_w_bytes_per_s
-    assert o is not None and w is not None and w > 0 and report.fit_r2 is not None
+    assert o is not None and o >= 0 and w is not None and w > 0
+    assert [row.payload_bytes for row in report.calibration] == list(E2E_SETTING.calibration_bytes)
     s = sum(sizes)
-    expected = min(max(math.sqrt(s * w * max(o, 0.0)), max(sizes)), s)
+    expected = min(max(math.sqrt(s * w * o), max(sizes)), s)
     assert report.suggested_bucket_bytes == pytest.approx(expected)
-    assert all(row["correct"] for row in report.calibration)
+    assert all(row.correct for row in report.calibration)
     text = format_report(report)
     assert "OK:" in text and "suggested bucket" in text and "o = " in text
 
@@ -219,8 +250,8 @@ def test_straggler_is_named(reports):
     assert exit_status(report) == 1
     [finding] = report.findings
     assert finding.startswith("rank 1 is a straggler")
-    assert report.ranks[1].compute_s > report.ranks[0].compute_s + E2E_OPTIONS.straggler_delay_s / 2
-    assert report.ranks[0].wait_s > E2E_OPTIONS.straggler_delay_s / 2  # rank 0 waits for rank 1
+    assert report.ranks[1].compute_s > report.ranks[0].compute_s + E2E_SETTING.straggler_delay_s / 2
+    assert report.ranks[0].wait_s > E2E_SETTING.straggler_delay_s / 2  # rank 0 waits for rank 1
 
 
 @pytest.mark.timeout(300)
@@ -230,7 +261,7 @@ def test_missing_rank_is_named(reports):
     assert exit_status(report) == 1
     [finding] = report.findings
     assert finding.startswith("rank 1 did not check in within 2 s of rank 0")
-    assert report.ranks[1].checkin_s > E2E_OPTIONS.checkin_timeout_s
+    assert report.ranks[1].checkin_s > E2E_SETTING.checkin_timeout_s
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,15 +270,51 @@ def test_missing_rank_is_named(reports):
 
 
 @pytest.mark.timeout(300)
-def test_script_exits_nonzero_on_overlapping_shards(monkeypatch, capsys, tmp_path):
+@pytest.mark.xdist_group("doctor")
+def test_script_prints_the_findings_exits_1_and_writes_a_typed_report(reports, monkeypatch, capsys, tmp_path):
+    """The script's wiring around a real report (the overlapping-shards scenario's, so that no
+    second launch is needed): the table and findings printed, exit status 1, --out written."""
+    import scripts.doctor as script
+
+    run = DoctorRun([reports[OVERLAPPING_SHARDS]], rank=0, shared_gpu=False)
+    monkeypatch.setattr(script, "run_doctor", lambda setting: run)
     out = tmp_path / "doctor.json"
-    assert run_script(monkeypatch, SCRIPT, "--inject", "overlapping-shards", "--steps", "1", "--json", str(out)) == 1
+    assert script.main(["--inject", "overlapping-shards", "--steps", "3", "--out", str(out)]) == 1
     text = capsys.readouterr().out
     assert "FOUND 1 problem" in text and "DistributedSampler shards overlap" in text
-    saved = json.loads(out.read_text())
-    assert saved["ok"] is False and saved["inject"] == OVERLAPPING_SHARDS and len(saved["ranks"]) == 2
+    saved = read_any(out)
+    assert saved.kind == "doctor" and saved.environment.world_size == 2
+    assert saved.records == [reports[OVERLAPPING_SHARDS]]  # every field survives the round trip
+    assert saved.setting["inject"] == OVERLAPPING_SHARDS and saved.setting["steps"] == 3
 
 
-def test_script_refuses_a_fault_on_a_rank_that_does_not_exist(monkeypatch, capsys):
-    assert run_script(monkeypatch, SCRIPT, "--world-size", "1", "--inject", "straggler") == 2
-    assert "needs world size > 1, got 1" in capsys.readouterr().err
+@pytest.mark.timeout(120)
+def test_script_as_the_one_rank_of_a_launcher(monkeypatch, capsys, tmp_path):
+    """End to end without spawning: torchrun's variables make this process rank 0 of 1, the way
+    a job started by torchrun or SLURM runs it. One rank: nothing to compare, exit status 0."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    out = tmp_path / "doctor.json"
+    assert run_script(monkeypatch, SCRIPT, "--steps", "1", "--global-batch", "2", "--out", str(out)) == 0
+    assert "OK: all 1 ranks checked in" in capsys.readouterr().out
+    [report] = read_any(out).records
+    assert report.ok and len(report.ranks) == 1 and report.calibration == [] and report.allreduce_o_s is None
+    assert any(note.startswith("world size 1") for note in report.notes)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--world-size", "1", "--inject", "straggler"], "needs world size > 1, got 1"),
+        (["--checkin-timeout-s", "200"], "--checkin-timeout-s must be > 0 and below the process-group timeout"),
+        (["--global-batch", "3"], "batch of 3 examples cannot be split evenly over world size 2"),
+        (["--straggler-factor", "1"], "argument --straggler-factor: must be a number > 1"),
+        (["--inject", "gremlins"], "argument --inject"),
+        (["--json", "x.json"], "unrecognized arguments: --json"),  # renamed --out
+    ],
+)
+def test_script_refuses_bad_settings_before_any_rank_starts(monkeypatch, capsys, args, message):
+    assert run_script(monkeypatch, SCRIPT, *args) == 2
+    captured = capsys.readouterr()
+    [line] = captured.err.strip().splitlines()
+    assert message in line and "Traceback" not in captured.err

@@ -77,12 +77,15 @@ def fit_calibration(
     return o, w, r2, None
 
 
-def _barrier(device: torch.device, group: dist.ProcessGroup | None) -> None:
-    # NCCL's barrier needs to know this rank's GPU, or it guesses one and warns.
-    if dist.get_backend(group) == "nccl":
-        dist.barrier(group=group, device_ids=[device.index])
-    else:
-        dist.barrier(group=group)
+def check_calibration(payload_bytes: Sequence[int], iters: int) -> None:
+    """ValueError unless :func:`calibrate_allreduce` can run with these payloads and iterations."""
+    if len(set(payload_bytes)) < 2 or any(b <= 0 or b % FLOAT32_BYTES for b in payload_bytes):
+        raise ValueError(
+            f"calibration needs >= 2 distinct payloads, positive multiples of {FLOAT32_BYTES} bytes; "
+            f"got {tuple(payload_bytes)}"
+        )
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"calibration iterations must be an integer >= 1, got {iters!r}")
 
 
 def calibrate_allreduce(
@@ -98,13 +101,7 @@ def calibrate_allreduce(
     Each rank fills its payload with ``rank + 1`` before every iteration (outside the timed
     part), so an exact sum is ``n (n + 1) / 2`` everywhere.
     """
-    if len(set(payload_bytes)) < 2 or any(b <= 0 or b % FLOAT32_BYTES for b in payload_bytes):
-        raise ValueError(
-            f"calibration needs >= 2 distinct payloads, positive multiples of {FLOAT32_BYTES} bytes; "
-            f"got {tuple(payload_bytes)}"
-        )
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
-        raise ValueError(f"iters must be an integer >= 1, got {iters!r}")
+    check_calibration(payload_bytes, iters)
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     exact_sum = world_size * (world_size + 1) / 2
     local_times: list[float] = []
@@ -115,7 +112,7 @@ def calibrate_allreduce(
         exact = True
         for _ in range(iters):
             payload.fill_(rank + 1)
-            _barrier(device, group)
+            dist.barrier(group=group)  # every rank starts the iteration together
             sync_device(device)
             start = time.perf_counter()
             dist.all_reduce(payload, group=group)

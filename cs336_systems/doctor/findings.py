@@ -1,14 +1,14 @@
 """The doctor's findings: gathered measurements in, plain-language sentences out.
 
 Pure functions, no processes: each ``find_*`` takes what the ranks reported and returns one
-sentence per problem, naming the values seen and what usually causes them (see doctor.py).
+sentence per problem, naming the values seen and what usually causes them.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 SHOWN = 5  # indices, ranks or parameters quoted in a finding before "..."
 
@@ -25,6 +25,14 @@ STAGE_CAUSES = {
     "all ranks (call finish_gradient_synchronization() after backward and before "
     "optimizer.step()), or ranks used different learning rates or optimizers",
 }
+
+
+class ParameterChecksum(NamedTuple):
+    """What one rank knows about one parameter, small enough to gather for every parameter."""
+
+    bit_sum: int  # sum of the raw bit patterns as integers: exact and independent of order
+    value_sum: float  # float64 sums, for reading; their rounding may depend on reduction order
+    square_sum: float
 
 
 def _shown(values: Sequence[Any]) -> str:
