@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import re
 import sys
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from cs336_systems.launch.signals import Interrupted
 from cs336_systems.results.paths import results_path
 
 # Generous upper bounds: far above any real run, low enough to refuse a typo of ten zeros.
@@ -292,6 +294,22 @@ class Parser(argparse.ArgumentParser):
         # One line, the script's name and the reason: no usage dump to scroll past.
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def stops_cleanly(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[str] | None], int]:
+    """Wrap a script's ``main``: a run stopped by SIGTERM or SIGINT (``launch.Interrupted``, raised
+    after every rank has been stopped) ends with one line, ``interrupted: ...``, and the shell's
+    status for the signal, having written nothing."""
+
+    @functools.wraps(main)
+    def wrapper(argv: Sequence[str] | None = None) -> int:
+        try:
+            return main(argv)
+        except Interrupted as e:
+            print(f"interrupted: {e}", file=sys.stderr)
+            return e.exit_status
+
+    return wrapper
 
 
 def _metavar(check: Check) -> str:
