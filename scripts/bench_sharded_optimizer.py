@@ -35,7 +35,6 @@ from cs336_systems.bench.accounting import (
     run_accounting,
     sharded_minus_unsharded,
 )
-from cs336_systems.launch import Interrupted
 from cs336_systems.results.environment import collect_environment
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.schema import to_json
@@ -81,6 +80,7 @@ def build_parser() -> cli.Parser:
     return parser
 
 
+@cli.stops_cleanly
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     setting, args = parser.parse_settings(argv)
@@ -88,11 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         out = parser.output_path(args, AccountingRecord.KIND)
     except ValueError as e:  # a bad BENCH_MACHINE_TAG
         parser.error(str(e))
-    try:
-        run: AccountingRun = run_accounting(setting)
-    except Interrupted as e:
-        print(f"interrupted: {e}", file=sys.stderr)
-        return e.exit_status
+    run: AccountingRun = run_accounting(setting)
     if run.rank != 0:
         return 0  # every rank gathered every record; rank 0 writes them
     first = run.records[0]

@@ -28,7 +28,6 @@ import sys
 
 from cs336_systems import cli
 from cs336_systems.doctor import DoctorReport, DoctorSetting, exit_status, format_report, run_doctor
-from cs336_systems.launch import Interrupted
 from cs336_systems.results.environment import collect_environment
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.schema import to_json
@@ -42,13 +41,10 @@ def build_parser() -> cli.Parser:
     return parser
 
 
+@cli.stops_cleanly
 def main(argv: list[str] | None = None) -> int:
     setting, args = build_parser().parse_settings(argv)
-    try:
-        run = run_doctor(setting)
-    except Interrupted as e:
-        print(f"interrupted: {e}", file=sys.stderr)
-        return e.exit_status
+    run = run_doctor(setting)
     # Every rank built the same report; under torchrun, rank 0 speaks for all, its exit status
     # included: a rank exiting 1 makes torchrun kill the others, perhaps while rank 0 writes.
     if run.rank != 0:
