@@ -1,0 +1,56 @@
+"""Capacity planning on paper: memory and forward-pass communication under FSDP and tensor parallelism.
+
+Pure functions of a model's shape (:class:`FeedForwardStack`), its precisions
+(:class:`MixedPrecision`), a chip (:class:`Chip`) and a device mesh (:class:`Mesh`); no torch.
+``memory`` counts parameters, their FP32 training state and the activations saved for backward,
+whole and sharded over N FSDP devices; ``forward`` times the forward pass's matmuls and its FSDP
+and tensor-parallel collectives and solves for the smallest batch that keeps them hidden;
+``handout`` holds the constants of the handout's problem communication_accounting. The notation is
+the TPU Scaling Book's (Austin et al. 2025, Part 5); see ``shapes`` for the vocabulary.
+"""
+
+from cs336_systems.capacity.forward import (
+    ForwardTimes,
+    best_split_fsdp_degree,
+    best_split_min_tokens_per_device,
+    compute_bound_fsdp_range,
+    forward_flops,
+    forward_times,
+    fsdp_comm_time,
+    math_time,
+    max_tensor_degree,
+    min_compute_bound_tokens,
+    pipeline_bubble_fraction,
+    smallest_compute_bound_batch,
+    tp_comm_time,
+)
+from cs336_systems.capacity.memory import (
+    devices_worth,
+    fsdp_bytes_per_device,
+    gathered_block_bytes,
+    max_tokens_for_any_fsdp,
+    min_fsdp_devices,
+    parameter_count,
+    saved_activation_bytes,
+    saved_activation_bytes_per_token,
+    state_bytes_per_parameter,
+    training_state_bytes,
+)
+from cs336_systems.capacity.shapes import (
+    BF16_BYTES,
+    FP8_BYTES,
+    FP32_BYTES,
+    Chip,
+    FeedForwardStack,
+    Mesh,
+    MixedPrecision,
+)
+
+__all__ = [
+    "BF16_BYTES", "FP8_BYTES", "FP32_BYTES", "Chip", "FeedForwardStack", "ForwardTimes", "Mesh", "MixedPrecision",
+    "best_split_fsdp_degree", "best_split_min_tokens_per_device", "compute_bound_fsdp_range", "devices_worth",
+    "forward_flops", "forward_times", "fsdp_bytes_per_device", "fsdp_comm_time", "gathered_block_bytes",
+    "math_time", "max_tensor_degree", "max_tokens_for_any_fsdp", "min_compute_bound_tokens", "min_fsdp_devices",
+    "parameter_count", "pipeline_bubble_fraction", "saved_activation_bytes", "saved_activation_bytes_per_token",
+    "smallest_compute_bound_batch", "state_bytes_per_parameter", "tp_comm_time", "training_state_bytes",
+]
