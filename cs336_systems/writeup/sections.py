@@ -21,6 +21,7 @@ from cs336_systems.writeup.allreduce_section import allreduce_section
 from cs336_systems.writeup.ablation_section import ablation_section
 from cs336_systems.writeup.doctor_section import doctor_section
 from cs336_systems.writeup.sharding_section import sharding_accounting_section
+from cs336_systems.writeup.communication_accounting_section import communication_accounting_section
 from cs336_systems.writeup.context import RenderContext, Section, SectionFn
 from cs336_systems.writeup.load import MachineResults
 from cs336_systems.writeup.problems_section import problems_section
@@ -88,6 +89,7 @@ SECTIONS: list[SectionFn] = [
     overhead_model_section,
     all_variants_section,
     ablation_section,
+    communication_accounting_section,
     sharding_accounting_section,
     doctor_section,
 ]
