@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cs336_systems.ddp.overhead_model import optimal_bucket_bytes
 from cs336_systems.doctor import (
     BEFORE_BROADCAST,
     MISSING_RANK,
@@ -66,9 +67,13 @@ def test_healthy_run_is_ok_and_suggests_a_bucket(reports):
     o, w = report.allreduce_o_s, report.allreduce_w_bytes_per_s
     assert o is not None and o >= 0 and w is not None and w > 0
     assert [row.payload_bytes for row in report.calibration] == list(E2E_SETTING.calibration_bytes)
+    # The suggestion is the overhead model's cap for this model's s and the measured o and w;
+    # whatever its clamping rule, it lies between sqrt(s w o) and the largest parameter, and never
+    # above s (one bucket).
     s = sum(sizes)
-    expected = min(max(math.sqrt(s * w * o), max(sizes)), s)
-    assert report.suggested_bucket_bytes == pytest.approx(expected)
+    assert report.suggested_bucket_bytes == pytest.approx(optimal_bucket_bytes(s, w, o, max(sizes)))
+    model_cap = math.sqrt(s * w * o)
+    assert min(model_cap, s) * (1 - 1e-9) <= report.suggested_bucket_bytes <= max(model_cap, max(sizes)) * (1 + 1e-9)
     assert all(row.correct for row in report.calibration)
     text = format_report(report)
     assert "OK:" in text and "suggested bucket" in text and "o = " in text

@@ -41,9 +41,10 @@ def format_report(report: DoctorReport) -> str:
                      f"w = {report.allreduce_w_bytes_per_s / 1e9:.3f} GB/s ({r2})")
     if report.suggested_bucket_bytes is not None:
         lines.append(
-            f"suggested bucket: {report.suggested_bucket_bytes / MB:.2f} MB = sqrt(s w o) with "
-            f"s = {report.gradient_bytes / MB:.2f} MB, clamped to [largest parameter "
-            f"{report.largest_param_bytes / MB:.2f} MB, s] (BucketedDDP(bucket_size_mb=...))"
+            f"suggested bucket: {report.suggested_bucket_bytes / MB:.2f} MB, the overhead model's sqrt(s w o) for "
+            f"s = {report.gradient_bytes / MB:.2f} MB of gradients (largest parameter "
+            f"{report.largest_param_bytes / MB:.2f} MB; see cs336_systems/ddp/overhead_model.py): "
+            "BucketedDDP(bucket_size_mb=...)"
         )
     lines += [f"note: {note}" for note in report.notes]
     if report.ok:
