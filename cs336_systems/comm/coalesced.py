@@ -75,5 +75,8 @@ def broadcast_coalesced(
             dist.broadcast(flat, src=src, group=group)
             with torch.no_grad():
                 copy_from_flat(flat, wire)
+            # Dropped before the next chunk is packed: one chunk alive at a time bounds the
+            # transient memory by chunk_bytes, not twice that.
+            del flat, wire
             calls += 1
     return calls
