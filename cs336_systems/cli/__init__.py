@@ -1,0 +1,37 @@
+"""One command-line dialect for every script, generated from its settings dataclass.
+
+A settings field becomes a flag when its metadata holds an :class:`Option` (``--model-size``
+for ``model_size``), with a :class:`Check` that parses and validates the text where it is
+parsed: a bad value ends the script with one line, ``error: argument --flag: ...`` naming the
+value and what is allowed, and exit status 2, before any process starts. Checks that span
+several flags (a batch that must split over the world size, a device that must exist) are the
+settings' ``validate()``, reported the same way. The same words mean the same thing in every
+script: ``--world-size``, ``--global-batch`` (sequences per step over all ranks),
+``--model-size {choices}``, ``--out`` (the results file) and ``--tag`` (its folder).
+
+Every check also knows values it must refuse (:attr:`Check.bad_values`); the bad-input test
+feeds them to every flag of every script, so a new flag is covered when it is added.
+"""
+
+from cs336_systems.cli.checks import (
+    MAX_COUNT,
+    MAX_MB,
+    MAX_RANKS,
+    Check,
+    Choice,
+    ExistingFolder,
+    FolderName,
+    Integer,
+    Name,
+    Number,
+    OutputFile,
+    OutputFolder,
+)
+from cs336_systems.cli.options import Option, choice, count, fraction, nonnegative, option, positive, switch
+from cs336_systems.cli.parser import Parser, format_table, stops_cleanly
+
+__all__ = [
+    "MAX_COUNT", "MAX_MB", "MAX_RANKS", "Check", "Choice", "ExistingFolder", "FolderName", "Integer", "Name",
+    "Number", "Option", "OutputFile", "OutputFolder", "Parser", "choice", "count", "format_table", "fraction",
+    "nonnegative", "option", "positive", "stops_cleanly", "switch",
+]

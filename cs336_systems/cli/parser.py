@@ -1,0 +1,117 @@
+"""The parser every script uses: flags generated from a settings dataclass, one-line errors.
+
+Also the two pieces every script's ``main`` shares: :func:`stops_cleanly` (an interrupted run
+ends with one line and the signal's status) and :func:`format_table` (console tables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from cs336_systems.cli.checks import Check, Choice, FolderName, Integer, Number, OutputFile
+from cs336_systems.cli.options import Option
+from cs336_systems.launch.signals import Interrupted
+from cs336_systems.results.paths import results_path
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser that builds a settings dataclass and reports its ValueErrors as usage errors."""
+
+    def __init__(self, settings: type, description: str, **kwargs: Any):
+        super().__init__(description=description, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        self.settings = settings
+        self._fields: dict[str, dataclasses.Field] = {}
+        for f in dataclasses.fields(settings):
+            opt = f.metadata.get("cli")
+            if opt is not None:
+                self._add_field(f, opt)
+
+    def _add_field(self, f: dataclasses.Field, opt: Option) -> None:
+        name = opt.flag or "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        if opt.check is None:
+            self.add_argument(name, dest=f.name, action="store_true", help=opt.help)
+        else:
+            shown = " ".join(map(str, default)) if isinstance(default, (tuple, list)) else default
+            notes = [] if isinstance(opt.check, Choice) else [opt.check.allowed]
+            notes += [] if default is None else [f"default: {shown}"]
+            self.add_argument(
+                name, dest=f.name, type=opt.check, nargs="+" if opt.many else None,
+                default=default, metavar=_metavar(opt.check),
+                help=opt.help + (f" ({'; '.join(notes)})" if notes else ""),
+            )
+        self._fields[f.name] = f
+
+    def add_output(self, default_name: str) -> None:
+        """``--out`` (the results file) and ``--tag`` (its folder under writeup/results)."""
+        self.add_argument("--out", type=OutputFile(), default=None, metavar="PATH",
+                          help=f"results file (default: writeup/results/<tag>/{default_name})")
+        self.add_argument("--tag", type=FolderName(), default=None, metavar="NAME",
+                          help="results folder under writeup/results (default: this machine's tag)")
+
+    def output_path(self, args: argparse.Namespace, kind: str, suffix: str | None = None) -> Path:
+        """Where the results go: ``--out``, else ``writeup/results/<--tag or machine tag>/<kind>[-<suffix>].json``."""
+        return args.out or results_path(kind, args.tag, suffix)
+
+    def settings_from(self, args: argparse.Namespace, **overrides: Any) -> Any:
+        """The settings dataclass from parsed arguments; its validate() errors end the script (exit 2)."""
+        values = {}
+        for name in self._fields:
+            value = getattr(args, name)
+            values[name] = tuple(value) if isinstance(value, list) else value
+        values.update(overrides)
+        try:
+            settings = self.settings(**values)
+            if hasattr(settings, "validate"):
+                settings.validate()
+        except ValueError as e:
+            self.error(str(e))
+        return settings
+
+    def parse_settings(self, argv: Sequence[str] | None = None) -> tuple[Any, argparse.Namespace]:
+        args = self.parse_args(argv)
+        return self.settings_from(args), args
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # One line, the script's name and the reason: no usage dump to scroll past.
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def stops_cleanly(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[str] | None], int]:
+    """Wrap a script's ``main``: a run stopped by SIGTERM or SIGINT (``launch.Interrupted``, raised
+    after every rank has been stopped) ends with one line, ``interrupted: ...``, and the shell's
+    status for the signal, having written nothing."""
+
+    @functools.wraps(main)
+    def wrapper(argv: Sequence[str] | None = None) -> int:
+        try:
+            return main(argv)
+        except Interrupted as e:
+            print(f"interrupted: {e}", file=sys.stderr)
+            return e.exit_status
+
+    return wrapper
+
+
+def _metavar(check: Check) -> str:
+    if isinstance(check, Choice):
+        return "{" + ",".join(check.values) + "}"
+    return {Integer: "N", Number: "X"}.get(type(check), "VALUE")
+
+
+def format_table(header: Sequence[str], rows: Iterable[Sequence[Any]], right: Callable[[int], bool] | None = None) -> str:
+    """A console table: columns as wide as their widest cell, numbers (all but the first column,
+    unless ``right`` says otherwise) right-aligned."""
+    right = right or (lambda i: i > 0)
+    cells = [list(map(str, header))] + [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = []
+    for row in cells:
+        lines.append("  ".join(c.rjust(w) if right(i) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+    return "\n".join(lines)
