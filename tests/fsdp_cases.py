@@ -2,7 +2,8 @@
 
 ``run_fsdp_cases`` trains every case inside one spawned process group (a spawn costs seconds,
 a case milliseconds) and returns, per case, every step's full parameters as
-``fsdp_gather_full_params`` reports them, plus what each rank saw of its gradients.
+``fsdp_gather_full_params`` reports them, plus what each rank saw of its gradients. A case runs
+either FSDP mode: reduce-scatter (the library default) or exact gradients (``get_fsdp``).
 ``train_reference`` trains the same case in this process without ``torch.distributed``, either
 on the whole batch (the real reference) or chunk by chunk as the ranks split it, summing the
 chunks' gradients in rank order (data parallelism's own arithmetic, to compare bitwise).
@@ -47,6 +48,23 @@ class TiedLM(nn.Module):
         return self.lm_head(h) * self.scale
 
 
+class TiedLayers(TiedLM):
+    """TiedLM without the free-standing scale: every trainable parameter belongs to a leaf
+    layer, so exact-gradient mode recomputes all of them over the global batch."""
+
+    def __init__(self):
+        super().__init__()
+        del self.scale
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.embedding(tokens))
+        h = h + self.down(F.gelu(self.up(h)))
+        return self.lm_head(h)
+
+
+MODELS = {"tied": TiedLM, "layers": TiedLayers}
+
+
 class LayerStack(nn.Module):
     """Equal square layers: the memory case (at most two layers' weights gathered at once)."""
 
@@ -67,14 +85,27 @@ class Case:
     name: str
     optimizer: str  # "sgd" (momentum 0.9) or "adamw"
     compute_dtype: torch.dtype | None = None
+    exact: bool = False  # exact-gradient mode (adapters.get_fsdp) or reduce-scatter (default)
+    model: str = "tied"  # a key of MODELS
     steps: int = 3
     seed: int = 0
 
+    @property
+    def exact_at_world_size_2(self) -> bool:
+        """Exact mode on a model without a module-level parameter, in float32: bitwise."""
+        return self.exact and self.model == "layers" and self.compute_dtype is None
 
+
+_DTYPES = (("fp32", None), ("fp16", torch.float16), ("bf16", torch.bfloat16))
 CASES = [
-    Case(f"{opt}-{label}", opt, dtype)
-    for opt in ("sgd", "adamw")
-    for label, dtype in (("fp32", None), ("fp16", torch.float16), ("bf16", torch.bfloat16))
+    *(Case(f"{opt}-{label}", opt, dtype) for opt in ("sgd", "adamw") for label, dtype in _DTYPES),
+    *(
+        Case(f"exact-{model}-{opt}-fp32", opt, None, exact=True, model=model)
+        for model in ("layers", "tied")
+        for opt in ("sgd", "adamw")
+    ),
+    Case("exact-layers-sgd-fp16", "sgd", torch.float16, exact=True, model="layers"),
+    Case("exact-tied-adamw-bf16", "adamw", torch.bfloat16, exact=True, model="tied"),
 ]
 
 
@@ -86,7 +117,12 @@ def make_optimizer(kind: str, params) -> torch.optim.Optimizer:
 
 def build_model(case: Case, rank: int) -> TiedLM:
     torch.manual_seed(1_000 * (case.seed + 1) + rank)  # ranks start different on purpose
-    return TiedLM()
+    return MODELS[case.model]()
+
+
+def wrap(case: Case, module: nn.Module) -> nn.Module:
+    get = adapters.get_fsdp if case.exact else adapters.get_fsdp_reduce_scatter
+    return get(module, compute_dtype=case.compute_dtype)
 
 
 def batch(case: Case, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,7 +191,7 @@ def train_reference(case: Case, chunks: int = 1) -> list[dict[str, torch.Tensor]
 
 
 def _run_case(ctx: RankContext, case: Case) -> dict:
-    fsdp = adapters.get_fsdp(build_model(case, ctx.rank), compute_dtype=case.compute_dtype)
+    fsdp = wrap(case, build_model(case, ctx.rank))
     optimizer = make_optimizer(case.optimizer, fsdp.parameters())
     shard = BATCH // ctx.world_size
     rows = slice(ctx.rank * shard, (ctx.rank + 1) * shard)
@@ -176,9 +212,12 @@ def _run_case(ctx: RankContext, case: Case) -> dict:
 
 def run_fsdp_cases(ctx: RankContext, cases: list[Case]) -> dict:
     """Rank function: every training case, then the misuse checks and the memory probe."""
-    from tests.fsdp_probes import misuse_after_init, probe_memory_and_overlap
+    from tests.fsdp_probes import exact_mode_misuse, misuse_after_init, probe_memory_and_overlap
 
     results = {case.name: _run_case(ctx, case) for case in cases}
     results["misuse"] = misuse_after_init(ctx)
-    results["memory"] = probe_memory_and_overlap(ctx)
+    results["exact_misuse"] = exact_mode_misuse(ctx)
+    results["memory"] = {
+        mode: probe_memory_and_overlap(ctx, exact=mode == "exact") for mode in ("reduce_scatter", "exact")
+    }
     return results

@@ -1,9 +1,11 @@
 """What the FSDP tests observe inside a rank beyond training: misuse errors, memory, overlap.
 
-The memory probe watches collectives through a ``TorchDispatchMode``: every all-gather output
-is a gathered full weight, whose bytes count as live until its storage is freed or emptied. Every reduce-scatter
-is stamped with the phase it was launched in (forward, backward or finish), which shows
-whether gradient reductions overlap backward. Nothing here reads FSDP's internals.
+The memory probe watches collectives through a ``TorchDispatchMode``: every one-dimensional
+all-gather output is a gathered full weight (FSDP gathers flat shards), whose bytes count as
+live until its storage is freed or emptied; exact mode's gathers of activations and output
+gradients keep their batch shape and are only counted. Every reduce-scatter and every
+activation gather is stamped with the phase it was launched in (forward, backward or finish),
+which shows whether gradient work overlaps backward. Nothing here reads FSDP's internals.
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ from __future__ import annotations
 import weakref
 
 import torch
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import adapters
+from cs336_basics.model import Linear
 from cs336_systems.launch import RankContext
 from tests.fsdp_cases import CASES, BATCH, LayerStack, batch, build_model, loss_of, make_optimizer
 
@@ -31,6 +35,7 @@ class CollectiveWatcher(TorchDispatchMode):
         self.storages: list[weakref.ref] = []
         self.peak: dict[str, int] = {}
         self.reductions: list[str] = []
+        self.activation_gathers: list[str] = []
 
     def live_bytes(self) -> int:
         return sum(s.nbytes() for ref in self.storages if (s := ref()) is not None)
@@ -41,7 +46,9 @@ class CollectiveWatcher(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func is torch.ops.c10d._allgather_base_.default:
+        if func is torch.ops.c10d._allgather_base_.default and args[0].dim() > 1:
+            self.activation_gathers.append(self.phase)
+        elif func is torch.ops.c10d._allgather_base_.default:
             self.storages.append(weakref.ref(args[0].untyped_storage()))
             self.peak[self.phase] = max(self.peak.get(self.phase, 0), self.live_bytes())
         elif func is torch.ops.c10d._reduce_scatter_base_.default:
@@ -49,10 +56,11 @@ class CollectiveWatcher(TorchDispatchMode):
         return out
 
 
-def probe_memory_and_overlap(ctx: RankContext, width: int = 96, depth: int = 6) -> dict:
+def probe_memory_and_overlap(ctx: RankContext, exact: bool, width: int = 96, depth: int = 6) -> dict:
     """Two steps of a stack of equal layers under the watcher: gathered bytes and reductions."""
     torch.manual_seed(ctx.rank)
-    fsdp = adapters.get_fsdp(LayerStack(width, depth))
+    get = adapters.get_fsdp if exact else adapters.get_fsdp_reduce_scatter
+    fsdp = get(LayerStack(width, depth))
     optimizer = torch.optim.SGD(fsdp.parameters(), lr=0.1)
     x = torch.randn(4, width)
     steps = []
@@ -67,7 +75,11 @@ def probe_memory_and_overlap(ctx: RankContext, width: int = 96, depth: int = 6) 
             adapters.fsdp_on_after_backward(fsdp, optimizer)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        steps.append({"peak": dict(watcher.peak), "reductions": list(watcher.reductions)})
+        steps.append({
+            "peak": dict(watcher.peak),
+            "reductions": list(watcher.reductions),
+            "activation_gathers": list(watcher.activation_gathers),
+        })
     return {
         "layer_bytes": width * width * 4,
         "model_bytes": depth * width * width * 4,
@@ -98,4 +110,44 @@ def misuse_after_init(ctx: RankContext) -> dict[str, str]:
     optimizer.step()  # finishing makes both legal again
     loss_of(fsdp(tokens[rows]), targets[rows]).backward()
     adapters.fsdp_on_after_backward(fsdp, optimizer)
+    return errors
+
+
+class _KeywordCall(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x=x)
+
+
+class _InPlaceAfterUse(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = Linear(4, 4), Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        out = self.second(h)
+        h.mul_(2)  # the input second's gradient would be recomputed from, changed after its use
+        return out + h
+
+
+def exact_mode_misuse(ctx: RankContext) -> dict[str, str]:
+    """What exact mode says to a layer called with keywords and to an input changed in place.
+
+    Each wrapper is dropped after its error: every rank fails at the same point, so the
+    collectives stay paired, but the wrapper is left mid-step.
+    """
+    errors = {}
+    x = torch.randn(2, 4)
+    try:
+        adapters.get_fsdp(_KeywordCall())(x)
+    except TypeError as e:
+        errors["keywords"] = str(e)
+    try:
+        adapters.get_fsdp(_InPlaceAfterUse())(x).sum().backward()
+    except RuntimeError as e:
+        errors["in_place"] = str(e)
     return errors

@@ -2,21 +2,31 @@
 
 One spawned process group per world size (2, and 3 for uneven shards) runs every case: SGD
 and AdamW, in float32 and with float16 and bfloat16 compute, on a model with a tied
-embedding/LM head, a torch ``nn.Linear`` with a bias, an RMSNorm gain and a free parameter,
-on fresh data every step. The references run in this process without ``torch.distributed``.
+embedding/LM head, a torch ``nn.Linear`` with a bias, an RMSNorm gain and (in the "tied" model)
+a free parameter of the model itself, on fresh data every step, in both FSDP modes. The
+references run in this process without ``torch.distributed``.
 
-Why two references. Bitwise equality with whole-batch training is out of reach for any data
-parallelism: a float32 matmul over the whole batch accumulates its rows in one chain (MKL on
-this CPU: sequential fused multiply-adds), while the ranks sum their halves and then add the
-halves, which rounds differently in about one element in a few hundred. So:
+Reduce-scatter mode (the default). Bitwise equality with whole-batch training is out of reach
+for any reduction of per-rank gradients: a float32 matmul over the whole batch accumulates its
+rows in one chain (MKL on this CPU: sequential fused multiply-adds), while the ranks sum their
+halves and then add the halves, which rounds differently in about one element in a few
+hundred. So against the same arithmetic done in one process (each rank's slice backpropagated
+alone, gradients summed in rank order, divided by the world size) it must match bitwise at
+every step: sharding, gathering, padding and reduce-scattering add no error of their own.
 
-* against the same arithmetic done in one process (each rank's slice backpropagated alone,
-  gradients summed in rank order, divided by the world size) FSDP must match bitwise at
-  every step: sharding, gathering, padding and reduce-scattering add no error of their own;
-* against whole-batch training it must match within rounding: atol 1e-5 in float32 (the DDP
-  tests' bound); with half-precision compute the two sides round different sums to 11
-  (float16) or 8 (bfloat16) bits, so atol 2e-3 and 2e-2 after three steps of lr <= 0.05,
-  far below the ~1e-1 a missing or doubled gradient would move a parameter.
+Exact mode (``adapters.get_fsdp``). Each layer's gradient is recomputed over the gathered
+global batch, so at world size 2 in float32 it must equal whole-batch training bitwise at
+every step when every parameter belongs to a leaf layer (the "layers" model, tied weight
+included). Two settings stay within rounding and are checked with a tolerance: world size 3,
+where each rank's loss averages 4 rows instead of 12, so its output gradients are 3 times the
+single process's, a product that rounds (at world size 2 it is a doubling, exact); and the
+"tied" model's free scale, which no leaf layer owns, so its gradient is all-reduced as partial
+sums like any data parallelism's.
+
+Tolerances against whole-batch training: atol 1e-5 in float32 (the DDP tests' bound); with
+half-precision compute the two sides round different sums to 11 (float16) or 8 (bfloat16)
+bits, so atol 2e-3 and 2e-2 after three steps of lr <= 0.05, far below the ~1e-1 a missing or
+doubled gradient would move a parameter.
 """
 
 from __future__ import annotations
@@ -54,12 +64,11 @@ def _case_params(world_sizes=WORLD_SIZES):
     ]
 
 
-# World size 2 only: a sum of two partials is the same in either order, so the reference can
-# reproduce it; gloo sums three in an order that depends on the chunk (a ring), which a
-# single process could only copy by imitating gloo's internals.
-@pytest.mark.parametrize("case,world_size", _case_params(world_sizes=(2,)))
-def test_matches_data_parallel_arithmetic_bitwise_every_step(case: Case, world_size: int):
-    expected = train_reference(case, chunks=world_size)
+def _case_params_where(keep, world_sizes=(2,)):
+    return [p for p in _case_params(world_sizes) if keep(p.values[0])]
+
+
+def _assert_equal_every_step(case: Case, world_size: int, expected: list[dict]) -> None:
     for rank, result in enumerate(fsdp_results(world_size)):
         for step, params in enumerate(result[case.name]["history"]):
             assert params.keys() == expected[step].keys()
@@ -68,6 +77,19 @@ def test_matches_data_parallel_arithmetic_bitwise_every_step(case: Case, world_s
                     f"step {step}, rank {rank}, {name}: max diff "
                     f"{(params[name] - value).abs().max():.3g}"
                 )
+
+
+# World size 2 only: a sum of two partials is the same in either order, so the reference can
+# reproduce it; gloo sums three in an order that depends on the chunk (a ring), which a
+# single process could only copy by imitating gloo's internals.
+@pytest.mark.parametrize("case,world_size", _case_params_where(lambda c: not c.exact))
+def test_reduce_scatter_matches_data_parallel_arithmetic_bitwise_every_step(case: Case, world_size: int):
+    _assert_equal_every_step(case, world_size, train_reference(case, chunks=world_size))
+
+
+@pytest.mark.parametrize("case,world_size", _case_params_where(lambda c: c.exact_at_world_size_2))
+def test_exact_mode_matches_whole_batch_training_bitwise_every_step(case: Case, world_size: int):
+    _assert_equal_every_step(case, world_size, train_reference(case, chunks=1))
 
 
 @pytest.mark.parametrize("case,world_size", _case_params())
@@ -86,15 +108,16 @@ def test_gradients_are_shard_shaped_float32_and_replicas_agree(world_size: int):
     per_rank = fsdp_results(world_size)
     sharded = {"embedding.weight", "up.weight", "down.weight"}  # lm_head.weight is embedding's
     for case in CASES:
+        replicated = {"norm.gain", "down.bias"} | ({"scale"} if case.model == "tied" else set())
         for step in range(case.steps):
             grads = [result[case.name]["grads"][step] for result in per_rank]
-            assert set(grads[0]) == sharded | {"norm.gain", "down.bias", "scale"}
+            assert set(grads[0]) == sharded | replicated
             for rank_grads in grads:
                 for name, (shape, dtype, grad_shape, _) in rank_grads.items():
                     assert grad_shape == shape and dtype == torch.float32, name
                     if name in sharded:
                         assert len(shape) == 1, f"{name} is not a flat shard: {shape}"
-            for name in set(grads[0]) - sharded:
+            for name in replicated:
                 for rank in range(1, world_size):
                     assert torch.equal(grads[rank][name][3], grads[0][name][3]), (case.name, name)
 
@@ -111,15 +134,17 @@ def test_every_rank_gathers_the_same_full_parameters(world_size: int):
                     assert torch.equal(value, first[name]), (case.name, step, name)
 
 
+@pytest.mark.parametrize("mode", ["reduce_scatter", "exact"])
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_only_shards_at_rest_at_most_two_layers_gathered_and_reductions_overlap_backward(
-    world_size: int,
+def test_only_shards_at_rest_at_most_two_layers_gathered_and_gradient_work_overlaps_backward(
+    world_size: int, mode: str
 ):
     """Shards hold ceil(numel / world) elements each; a forward with a known layer order keeps
     two weights gathered (the current one and the prefetched next), the first forward (no
-    order known yet) one; backward never more than two; every reduce-scatter is launched
-    during backward, none left for after it."""
-    memory = fsdp_results(world_size)[0]["memory"]
+    order known yet) one; backward never more than two. Reduce-scatter mode launches every
+    reduce-scatter during backward, none left for after it; exact mode reduce-scatters nothing
+    and launches its two gathers per layer (input, output gradient) during backward."""
+    memory = fsdp_results(world_size)[0]["memory"][mode]
     layer, depth = memory["layer_bytes"], memory["depth"]
     shard_bytes = depth * 4 * -(-layer // 4 // world_size)
     assert memory["shard_bytes"] == shard_bytes
@@ -129,7 +154,12 @@ def test_only_shards_at_rest_at_most_two_layers_gathered_and_reductions_overlap_
     assert second["peak"]["forward"] == 2 * layer
     for step in (first, second):
         assert layer <= step["peak"]["backward"] <= 2 * layer
-        assert step["reductions"] == ["backward"] * depth
+        if mode == "exact":
+            assert step["reductions"] == []
+            assert step["activation_gathers"] == ["backward"] * (2 * depth)
+        else:
+            assert step["reductions"] == ["backward"] * depth
+            assert step["activation_gathers"] == []
 
 
 def test_forward_or_step_before_finishing_backward_raise_and_say_what_to_call():
@@ -138,6 +168,12 @@ def test_forward_or_step_before_finishing_backward_raise_and_say_what_to_call():
     assert "fsdp_on_after_backward" in errors["forward"]
     assert "finish_gradient_synchronization" in errors["step"]
     assert "SGD" in errors["step"]
+
+
+def test_exact_mode_refuses_what_it_cannot_recompute_and_says_why():
+    errors = fsdp_results(2)[0]["exact_misuse"]
+    assert "lin" in errors["keywords"] and "keyword arguments ['x']" in errors["keywords"]
+    assert "second" in errors["in_place"] and "modified in place" in errors["in_place"]
 
 
 class _NoLayers(nn.Module):

@@ -20,6 +20,10 @@ alive. :meth:`Schedule.finish` launches any reduction whose uses never all produ
 gradient, all-reduces the replicated parameters' gradients, waits, and installs the shards'
 gradients.
 
+In exact-gradient mode (exact.py) a layer computes with the full weight detached instead of
+through :class:`_Unshard`: its gradient arrives from exact.py, recomputed over the global batch,
+and each rank keeps its slice of it rather than reduce-scattering.
+
 Every rank must run the same layers in the same order (as with torch's FSDP): the collectives
 are issued in the order the autograd graph dictates, and the graphs must agree to pair up.
 """
@@ -69,9 +73,13 @@ class Schedule:
     """Drives the gathers, prefetches and reductions of one FSDP-wrapped module."""
 
     def __init__(self, weights: list[ShardedWeight], replicated: list[nn.Parameter], world_size: int,
-                 group: dist.ProcessGroup | None):
+                 group: dist.ProcessGroup | None, exact_gradients: bool = False):
         self.weights = weights  # every sharded weight, in a fixed order every rank shares
-        self.replicated = replicated  # trainable parameters kept whole on every rank
+        self.replicated = replicated  # replicated parameters whose gradients are all-reduced
+        # Exact mode (exact.py): weight gradients arrive recomputed over the global batch, so
+        # each rank keeps its slice instead of reduce-scattering, and layers get detached weights.
+        self.exact_gradients = exact_gradients
+        self.exact = None  # the ExactGradients driving exact mode, set by the wrapper
         self.world_size = world_size
         self.group = group
         self.grad_pending = False  # a gradient arrived since the last finish()
@@ -86,16 +94,16 @@ class Schedule:
 
     # -- gathering -----------------------------------------------------------------------------
 
-    def _start_gather(self, weight: ShardedWeight) -> None:
+    def start_gather(self, weight: ShardedWeight) -> None:
         if not weight.is_gathered:
             weight.start_gather()
             self._live[weight.storage_address()] = weight
 
-    def _full(self, weight: ShardedWeight) -> torch.Tensor:
-        self._start_gather(weight)
+    def full(self, weight: ShardedWeight) -> torch.Tensor:
+        self.start_gather(weight)
         return weight.full()
 
-    def _free(self, weight: ShardedWeight) -> None:
+    def free(self, weight: ShardedWeight) -> None:
         if weight.is_gathered:
             self._live.pop(weight.storage_address(), None)
             weight.free()
@@ -107,7 +115,7 @@ class Schedule:
 
     def end_forward(self) -> None:
         for weight in list(self._live.values()):  # a prefetch the forward did not use
-            self._free(weight)
+            self.free(weight)
         self._last_order = self._order
         self._backward_order = [w for w, saved in zip(reversed(self._order), reversed(self._saved)) if saved]
         self._backward_cursor = 0
@@ -123,16 +131,17 @@ class Schedule:
         index = len(self._order)
         self._order.append(weight)
         self._saved.append(False)
-        full = self._full(weight)
+        full = self.full(weight)
         upcoming = self._planned_next(index)
         if upcoming is not None and upcoming is not weight:
-            self._start_gather(upcoming)
+            self.start_gather(upcoming)
         if torch.is_grad_enabled() and weight.shard.requires_grad:
             weight.uses += 1
-            full = _Unshard.apply(weight.shard, weight, self)
+            if not self.exact_gradients:
+                full = _Unshard.apply(weight.shard, weight, self)
         module._parameters["weight"] = full  # for this call only; post_forward restores the shard
         bias = module._parameters.get("bias")
-        if bias is not None and bias.dtype != weight.compute_dtype:
+        if not self.exact_gradients and bias is not None and bias.dtype != weight.compute_dtype:
             # A layer computes in one dtype: its (replicated) bias is cast for the call too,
             # differentiably, so its gradient comes back to the master in the master's dtype.
             self._biases[module] = bias
@@ -142,7 +151,7 @@ class Schedule:
         module._parameters["weight"] = weight.shard
         if module in self._biases:
             module._parameters["bias"] = self._biases.pop(module)
-        self._free(weight)
+        self.free(weight)
 
     def pack(self, tensor: torch.Tensor):
         """saved_tensors_hooks pack: a view of a gathered weight becomes a :class:`_SavedFull`."""
@@ -162,18 +171,18 @@ class Schedule:
         if not isinstance(saved, _SavedFull):
             return saved
         weight = saved.weight
-        self._start_gather(weight)
+        self.start_gather(weight)
         order, cursor = self._backward_order, self._backward_cursor
         if cursor < len(order) and order[cursor] is weight:
             self._backward_cursor = cursor = cursor + 1
             if cursor < len(order) and order[cursor] is not weight:
-                self._start_gather(order[cursor])
+                self.start_gather(order[cursor])
         padded = weight.padded()
         return padded.as_strided(saved.size, saved.stride, saved.storage_offset)
 
     def on_weight_grad(self, weight: ShardedWeight, grad_full: torch.Tensor) -> None:
         self.grad_pending = True
-        self._free(weight)
+        self.free(weight)
         if weight.add_grad(grad_full):
             self._launch_reduction(weight)
 
@@ -181,6 +190,9 @@ class Schedule:
         self.grad_pending = True
 
     def _launch_reduction(self, weight: ShardedWeight) -> None:
+        if self.exact_gradients:  # every rank holds the global gradient: no reduction needed
+            weight.keep_own_slice()
+            return
         while len(self._in_flight) >= MAX_REDUCTIONS_IN_FLIGHT:
             work, _ = self._in_flight.popleft()
             work.wait()
@@ -190,6 +202,8 @@ class Schedule:
 
     def finish(self) -> None:
         """Complete every reduction of this step and install the averaged gradients."""
+        if self.exact is not None:
+            self.exact.finish()
         for weight in self.weights:  # uses whose gradient never came (e.g. an unused output)
             if weight.has_unreduced_grad:
                 self._launch_reduction(weight)
@@ -199,7 +213,7 @@ class Schedule:
             work.wait()
         for weight in self.weights:
             weight.install_grad(self.world_size)
-            self._free(weight)
+            self.free(weight)
         self.grad_pending = False
 
     def _all_reduce_replicated(self) -> None:

@@ -12,7 +12,8 @@ zero under SGD and AdamW alike.
 * at rest only the shard exists; the full weight's memory exists only between
   :meth:`start_gather` (or :meth:`full`) and :meth:`free`;
 * the full gradient of a step is the sum over every use of the weight in that step (a tied
-  weight has two), reduce-scattered once, when the last use's gradient has arrived;
+  weight has two), reduce-scattered once, when the last use's gradient has arrived (in
+  exact mode, where every rank's sum is already the global gradient, sliced instead);
 * the shard's ``.grad`` is written only by :meth:`install_grad`, after the reduction was waited
   for, so an optimizer never sees a partial sum.
 """
@@ -171,6 +172,13 @@ class ShardedWeight:
         work = dist.reduce_scatter_tensor(out, full_grad, group=self.group, async_op=True)
         self._reduced.append(out)
         return work, full_grad
+
+    def keep_own_slice(self) -> None:
+        """Exact mode: the summed gradient is the global one on every rank; keep this rank's slice."""
+        assert self._grad is not None
+        full_grad, self._grad = self._grad, None
+        start = self.layout.rank * self.layout.shard_numel
+        self._reduced.append(full_grad[start : start + self.layout.shard_numel].clone())
 
     def install_grad(self, world_size: int) -> None:
         """After every reduction was waited for: average and add to the shard's ``.grad``."""

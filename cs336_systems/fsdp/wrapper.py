@@ -23,6 +23,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from cs336_basics.model import Embedding, Linear
+from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
 from cs336_systems.fsdp.schedule import Schedule
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
 
@@ -85,13 +86,23 @@ def _validate(module: object, compute_dtype: object) -> list[tuple[str, nn.Modul
 
 
 class FullyShardedDataParallel(nn.Module):
-    """Shards Linear/Embedding weights over the ranks; gathers each just in time (see schedule)."""
+    """Shards Linear/Embedding weights over the ranks; gathers each just in time (see schedule).
 
-    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None):
+    ``exact_gradients=False`` (the default): each rank's weight gradients are reduce-scattered,
+    as the handout describes. ``True``: each layer's gradients are recomputed over the global
+    batch from all-gathered inputs and output gradients (exact.py), bitwise equal to
+    single-process training in float32 at world size 2, at a higher cost.
+    """
+
+    def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None,
+                 exact_gradients: bool = False):
+        if not isinstance(exact_gradients, bool):
+            raise TypeError(f"exact_gradients must be True or False, got {exact_gradients!r}")
         layers = _validate(module, compute_dtype)
         super().__init__()
         self.module = module
         self.compute_dtype = compute_dtype
+        self.exact_gradients = exact_gradients
         self.world_size = dist.get_world_size()
         self._broadcast_from_rank0()
 
@@ -109,7 +120,12 @@ class FullyShardedDataParallel(nn.Module):
         self.sharded_weights = list(weights.values())
         shards = {id(w.shard) for w in self.sharded_weights}
         replicated = [p for p in module.parameters() if id(p) not in shards]
-        self._schedule = Schedule(self.sharded_weights, replicated, self.world_size, group=None)
+        self._schedule = Schedule(self.sharded_weights, replicated, self.world_size, group=None,
+                                  exact_gradients=self.exact_gradients)
+        if self.exact_gradients:
+            exact = self._install_exact(weights)
+            replicated = [p for p in replicated if id(p) not in exact.params]
+            self._schedule.replicated = replicated
         for p in replicated:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(self._schedule.on_replicated_grad)
@@ -119,6 +135,32 @@ class FullyShardedDataParallel(nn.Module):
         _live_wrappers.add(self)
         if _step_guard is None:
             _step_guard = register_optimizer_step_pre_hook(_refuse_step_before_finish)
+
+    def _install_exact(self, weights: dict[int, ShardedWeight]) -> ExactGradients:
+        """Hook every leaf module owning trainable parameters for exact-gradient mode."""
+        by_shard = {id(w.shard): w for w in weights.values()}
+        layers = []
+        for name, m in self.module.named_modules():
+            owned = {n: p for n, p in m._parameters.items() if p is not None}
+            if next(m.children(), None) is not None or not owned:
+                continue
+            weight = by_shard.get(id(owned.get("weight")))
+            replicated = [n for n, p in owned.items() if p.requires_grad and not (weight and n == "weight")]
+            if weight is None and not replicated:
+                continue
+            layers.append(ExactLayer(name, m, weight, replicated))
+        exact = ExactGradients(layers, self._schedule, self.world_size, group=None)
+        self._schedule.exact = exact
+        for layer in layers:
+            # Registered after the schedule's hooks: the full weight is in place before, and
+            # put back after, the exact hooks run.
+            layer.module.register_forward_pre_hook(
+                lambda m, args, kwargs, x=layer: exact.pre_forward(x, args, kwargs), with_kwargs=True
+            )
+            layer.module.register_forward_hook(
+                lambda m, args, out, x=layer: exact.post_forward(x, args, out), always_call=True
+            )
+        return exact
 
     @torch.no_grad()
     def _broadcast_from_rank0(self) -> None:
