@@ -67,8 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if run.rank != 0:
         return 0  # every rank holds the same (slowest-rank) figures; rank 0 writes them
     environment = collect_environment(setting.backend_name, run.world_size, setting.device, run.shared_gpu)
-    notes = {"n_parameters": run.n_parameters}
-    write_results(out, ResultsFile(StepRecord.KIND, environment, to_json(setting), run.records, notes))
+    write_results(out, ResultsFile(StepRecord.KIND, environment, to_json(setting), run.records, run.notes))
     print(f"{setting.model_size} ({run.n_parameters / 1e6:.1f}M parameters), {run.world_size} ranks, "
           f"{setting.backend_name}, global batch {setting.global_batch} x {setting.context_length} tokens")
     print(format_records(run.records))

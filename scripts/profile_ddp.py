@@ -23,12 +23,10 @@ Three ways to run it:
 
 from __future__ import annotations
 
-import shlex
 import sys
-from pathlib import Path
 
 from cs336_systems import cli
-from cs336_systems.bench.profile import ProfileRecord, ProfileSetting, profile_into
+from cs336_systems.bench.profile import ProfileRecord, ProfileSetting, nsys_command, profile_into
 from cs336_systems.launch import Interrupted
 from cs336_systems.results.environment import collect_environment
 from cs336_systems.results.files import ResultsFile, write_results
@@ -36,17 +34,6 @@ from cs336_systems.results.paths import PROFILE_DIR, results_dir
 from cs336_systems.results.schema import to_json
 
 PROFILE_FILE = "profile.json"
-
-
-def nsys_command(setting: ProfileSetting, out: Path) -> str:
-    """The Nsight Systems command that records the same run with CUDA and NVTX lanes."""
-    script_args = [
-        "--device", "cuda", "--model-size", setting.model_size, "--context-length", str(setting.context_length),
-        "--global-batch", str(setting.global_batch), "--steps", str(setting.steps), "--out", str(out),
-    ]
-    command = ["nsys", "profile", "-t", "cuda,nvtx,osrt", "-o", "ddp_profile", "torchrun",
-               "--nproc-per-node", str(setting.world_size), "scripts/profile_ddp.py", *script_args]
-    return shlex.join(command)
 
 
 def format_records(records: list[ProfileRecord]) -> str:
@@ -77,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if run is None:
         return 0  # a rank other than 0 under torchrun/SLURM: rank 0 writes everything
     environment = collect_environment(setting.backend_name, run.world_size, setting.device, run.shared_gpu)
-    write_results(out, ResultsFile(ProfileRecord.KIND, environment, to_json(setting), run.records))
+    write_results(out, ResultsFile(ProfileRecord.KIND, environment, to_json(setting), run.records, run.notes))
     print(format_records(run.records))
     print(f"wrote {out} and the traces beside it")
     print("with Nsight Systems on a GPU machine, record the same run with:")

@@ -14,6 +14,8 @@ import math
 import statistics
 
 import pytest
+import torch
+import torch.distributed as dist
 
 import scripts.bench_ddp as bench_ddp
 from cs336_basics.model import TransformerLM, model_config
@@ -27,9 +29,11 @@ from cs336_systems.bench.step import (
     StepSetting,
     bucket_size_of,
     check_variant_name,
+    communication_dtype,
     parse_bucketed,
     summarize,
 )
+from cs336_systems.bench.step.probes import CopyProbe, comm_dtype_error
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.kinds import read_any
 from cs336_systems.results.paths import results_path
@@ -92,6 +96,9 @@ def test_every_variant_is_timed_with_sane_figures(tmp_path_factory):
     assert (env.backend, env.world_size, env.device_type, env.shared_gpu) == ("gloo", 2, "cpu", False)
     assert results.setting["model_size"] == "tiny" and results.setting["rebuild_each_round"] is True
     assert results.notes["n_parameters"] == sum(p.numel() for p in tiny_model().parameters())
+    # The writeup states threads against cores from these (the test suite's ranks run with 1 thread each).
+    assert results.notes["ranks_on_node"] == 2 and results.notes["threads_per_rank"] >= 1
+    assert all(r.comm_error_rel is None for r in results.records)  # no narrower comm dtype in the sweep
 
 
 @pytest.mark.problem("naive_ddp_benchmarking")
@@ -106,6 +113,16 @@ def test_naive_makes_one_call_per_parameter(tmp_path_factory):
 @smoke
 def test_flat_makes_one_call(tmp_path_factory):
     assert by_variant(bench(tmp_path_factory))["flat"].allreduce_calls_per_step == 1
+
+
+@pytest.mark.problem("minimal_ddp_flat_benchmarking")
+@smoke
+def test_flat_copies_are_timed_beside_each_step(tmp_path_factory):
+    v = by_variant(bench(tmp_path_factory))
+    flat = v["flat"]
+    assert len(flat.pack_times_s) == len(flat.unpack_times_s) == ROUNDS
+    assert all(0 < t < 10 for t in flat.pack_times_s + flat.unpack_times_s)
+    assert all(r.pack_times_s is None and r.unpack_times_s is None for name, r in v.items() if name != "flat")
 
 
 @pytest.mark.problem("ddp_overlap_individual_parameters_benchmarking")
@@ -130,6 +147,64 @@ def test_bucket_sizes_give_bucket_counts(tmp_path_factory):
     assert torch_ddp.allreduce_calls_per_step >= 1 and torch_ddp.sync_times_s is None
 
 
+@pytest.mark.problem("ddp_bucketed_benchmarking")
+@smoke
+def test_each_bucket_records_its_parameters_and_payload(tmp_path_factory):
+    v = by_variant(bench(tmp_path_factory))
+    sizes = {n: p.numel() * 4 for n, p in tiny_model().named_parameters()}
+    for name in ("bucketed-0.05MB", "bucketed-1000MB"):
+        r = v[name]
+        names = [n for bucket in r.bucket_params for n in bucket]
+        assert sorted(names) == sorted(sizes) and len(r.bucket_params) == r.n_buckets  # each parameter once
+        # A bucket's payload: its float32 gradients and one float32 usage flag per parameter.
+        assert r.bucket_bytes == [sum(sizes[n] for n in bucket) + 4 * len(bucket) for bucket in r.bucket_params]
+        assert r.first_bucket_cap_bytes == 1 * MB
+    # The LM head's gradient is ready first and, larger than the 1 MB first-bucket cap, fills it alone.
+    assert v["bucketed-1000MB"].bucket_params[0] == ["lm_head.weight"]
+    assert v["naive"].bucket_params is None and v["naive"].first_bucket_cap_bytes is None
+
+
+# -- the probes beside the steps (one in-process rank) -------------------------------------------
+
+
+@pytest.fixture
+def one_rank_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _model_with_grads() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 3))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    return model
+
+
+def test_bf16_error_is_the_rounding_of_the_same_gradients(one_rank_group):
+    model = _model_with_grads()
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+    # One rank: the float32 average is the gradient itself; bfloat16's is its rounding.
+    expected = ((grads.bfloat16().float() - grads).norm() / grads.norm()).item()
+    error = comm_dtype_error(list(model.parameters()), torch.bfloat16)
+    assert error == pytest.approx(expected) and 0 < error < torch.finfo(torch.bfloat16).eps
+    assert comm_dtype_error(list(model.parameters()), torch.float32) == 0.0
+
+
+def test_the_copy_probe_times_flat_copies_and_leaves_gradients_alone(one_rank_group):
+    model = _model_with_grads()
+    before = [p.grad.clone() for p in model.parameters()]
+    probe = CopyProbe(list(model.parameters()), world_size=1)
+    pack_s, unpack_s = probe.time_copies(torch.device("cpu"))
+    assert pack_s > 0 and unpack_s > 0
+    assert all(torch.equal(p.grad, b) for p, b in zip(model.parameters(), before))
+    packed = probe.buffers[0].data[: sum(b.numel() for b in before)]
+    assert torch.equal(packed, torch.cat([b.reshape(-1) for b in before]))
+
+
 # -- variant names and settings (no ranks) ------------------------------------------------------
 
 
@@ -142,6 +217,8 @@ def test_bucketed_names_give_sizes_and_levers():
     assert size == 25.0 and set(levers) == {"gradient_as_bucket_view", "first_bucket_mb", "reorder_after_first_step"}
     assert bucket_size_of("bucketed-10MB-bf16") == 10.0
     assert bucket_size_of("bucketed-auto") is None and bucket_size_of("flat") is None
+    assert communication_dtype("bucketed-10MB-bf16") is torch.bfloat16
+    assert communication_dtype("bucketed-10MB") is None and communication_dtype("flat") is None
 
 
 @pytest.mark.parametrize("name", ["bucketed-0MB", "bucketed--1MB", "bucketed-xMB", "bucketed-10MB-fast",
@@ -186,7 +263,8 @@ EXTRA_S = [0.020, 0.023, 0.018, 0.030, 0.021, 0.019, 0.022, 0.025]  # the varian
 def planted() -> list[RawVariant]:
     floor = RawVariant(COMPUTE_ONLY, FLOOR_S, None, None)
     bucketed = RawVariant("bucketed-25MB", [f + e for f, e in zip(FLOOR_S, EXTRA_S)], [0.5 * e for e in EXTRA_S],
-                          2, n_buckets=2, bucket_cap_bytes=25 * MB)
+                          2, n_buckets=2, bucket_cap_bytes=25 * MB, bucket_bytes=[12, 20], first_bucket_cap_bytes=MB,
+                          bucket_params=[["head"], ["norm", "embedding"]], comm_error_rel=0.003)
     return [floor, bucketed]
 
 
@@ -223,6 +301,9 @@ def test_records_survive_the_results_file(tmp_path):
         StepRecord.KIND, collect_environment("gloo", 2, "cpu"), to_json(StepSetting()), records, {"n_parameters": 7}))
     back = read_any(path)
     assert back.kind == "ddp_step" and back.records == records and back.notes == {"n_parameters": 7}
+    bucketed = back.records[1]
+    assert bucketed.bucket_params == [["head"], ["norm", "embedding"]] and bucketed.comm_error_rel == 0.003
+    assert bucketed.first_bucket_cap_bytes == MB and bucketed.pack_times_s is None
     assert back.setting["bucket_sizes_mb"] == [1.0, 10.0, 100.0, 1000.0]
 
 
@@ -260,7 +341,8 @@ def test_cuda_without_a_gpu_is_one_line(no_ranks, capsys):
 
 
 def fake_run(rank: int = 0) -> StepRun:
-    return StepRun(summarize(planted(), 128), n_parameters=7, world_size=2, shared_gpu=False, rank=rank)
+    return StepRun(summarize(planted(), 128), n_parameters=7, world_size=2, shared_gpu=False, rank=rank,
+                   threads_per_rank=1, ranks_on_node=2)
 
 
 def test_the_ablation_is_a_ddp_step_run_of_its_own(monkeypatch, capsys):
@@ -273,6 +355,8 @@ def test_the_ablation_is_a_ddp_step_run_of_its_own(monkeypatch, capsys):
     assert ablation == results_path("ddp_step", "some-machine", suffix="ablation")
     assert ablation.name == "ddp_step-ablation.json" and sweep.name == "ddp_step.json"
     assert ablation_file.kind == "ddp_step" and ablation_file.setting["ablation"] is True
+    # What the writeup states the setting from; host memory unknown here, so left out.
+    assert ablation_file.notes == {"n_parameters": 7, "threads_per_rank": 1, "ranks_on_node": 2}
     out = capsys.readouterr().out
     assert "bucketed-25MB" in out and "exposed ms" in out  # the console table
 

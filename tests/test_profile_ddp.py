@@ -9,6 +9,7 @@ checked on hand-built traces whose answers are worked out by hand below.
 
 from __future__ import annotations
 
+import shlex
 import signal
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from cs336_systems.bench.profile import (
     extract_step_timelines,
     load_trace,
     merge_intervals,
+    nsys_command,
 )
 from cs336_systems.results.environment import collect_environment
 from cs336_systems.results.files import ResultsFile, write_results
@@ -63,6 +65,7 @@ def test_profile_shows_overlap_for_per_parameter_only(tmp_path, capsys):
     # Same number of collectives per step: one per parameter plus the usage count.
     assert records["naive"].n_comm_events == records["per-parameter"].n_comm_events
     assert results.environment.world_size == 2 and results.setting["steps"] == 2
+    assert results.notes["ranks_on_node"] == 2 and results.notes["threads_per_rank"] >= 1
     # Pictures are the writeup's job; the profiler leaves only the results and the traces.
     assert sorted(p.name for p in out.parent.iterdir()) == ["profile.json", "trace_naive.json",
                                                              "trace_per-parameter.json"]
@@ -286,7 +289,21 @@ def test_an_interrupted_run_writes_nothing(monkeypatch, tmp_path, capsys):
 
 
 def test_the_run_writes_profile_json_where_asked(monkeypatch, tmp_path):
-    monkeypatch.setattr(profile_ddp, "profile_into", lambda setting, folder: ProfileRun(_records(), 2, False))
+    monkeypatch.setattr(profile_ddp, "profile_into", lambda setting, folder: ProfileRun(_records(), 2, False, 1, 2))
     out = tmp_path / "elsewhere" / "profile.json"
     assert profile_ddp.main(["--out", str(out)]) == 0
-    assert read_any(out).records == _records()
+    back = read_any(out)
+    assert back.records == _records() and back.notes == {"threads_per_rank": 1, "ranks_on_node": 2}
+
+
+def test_the_nsys_command_records_the_same_run():
+    setting = ProfileSetting(model_size="small", context_length=64, global_batch=8, world_size=4, seed=3,
+                             warmup_steps=1, steps=5)
+    command = shlex.split(nsys_command(setting))
+    assert command[:2] == ["nsys", "profile"] and "--nproc-per-node" in command
+    flags = dict(zip(command[command.index("scripts/profile_ddp.py") + 1::2],
+                     command[command.index("scripts/profile_ddp.py") + 2::2]))
+    assert flags == {"--device": "cuda", "--model-size": "small", "--context-length": "64", "--global-batch": "8",
+                     "--seed": "3", "--warmup-steps": "1", "--steps": "5"}
+    assert command[command.index("--nproc-per-node") + 1] == "4"
+    assert nsys_command(setting, Path("x/profile.json")).endswith("--out x/profile.json")

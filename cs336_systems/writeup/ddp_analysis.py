@@ -18,7 +18,8 @@ from cs336_systems.ddp.overhead_model import (
     optimal_bucket_bytes,
     optimal_bucket_count,
 )
-from cs336_systems.writeup.allreduce_analysis import LinkFit
+from cs336_systems.bench.allreduce.record import AllReduceRecord
+from cs336_systems.writeup.allreduce_analysis import CommGroup, LinkFit, comm_groups, fit_group
 from cs336_systems.writeup.load import MachineResults, ResultsFile, WriteupInputs
 
 STEP_KIND = StepRecord.KIND
@@ -38,6 +39,25 @@ def ablation_runs(inputs: WriteupInputs) -> list[tuple[MachineResults, ResultsFi
 
 def by_variant(records: list[StepRecord]) -> dict[str, StepRecord]:
     return {r.variant: r for r in records}
+
+
+def run_fit(machine: MachineResults, results: ResultsFile) -> LinkFit | str | None:
+    """The all-reduce line (o + bytes / w) fitted to the machine's all-reduce runs for this run's
+    backend, device, world size and GPU sharing: a LinkFit, why there is none (str), or None
+    when the machine has no such all-reduce run."""
+    env = results.environment
+    wanted = CommGroup(env.backend, env.device_type, env.world_size, env.shared_gpu)
+    for allreduce in machine.runs(AllReduceRecord.KIND):
+        groups = comm_groups(allreduce.records)
+        if wanted in groups:
+            return fit_group(groups[wanted])
+    return None
+
+
+def gradient_bytes(results: ResultsFile) -> float | None:
+    """s: bytes of float32 gradient a step of this run all-reduces (None without a parameter count)."""
+    n = results.notes.get("n_parameters")
+    return FLOAT32_BYTES * n if n else None
 
 
 def bucket_sweep(records: list[StepRecord]) -> list[StepRecord]:

@@ -1,4 +1,8 @@
-"""The DDP step benchmark's figures: step times, the bucket sweep, the overhead model against measurements."""
+"""The DDP step benchmark's figures: step times, the bucket sweep, the overhead model against measurements.
+
+Spreads are drawn as paired 95% intervals (per-round differences, see bench/stats.py), never
+as min–max whiskers, and time axes that show differences include 0.
+"""
 
 from __future__ import annotations
 
@@ -9,57 +13,95 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from cs336_systems.units import MB
+from cs336_systems.bench.stats import paired_median
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.writeup.ddp_analysis import OverheadPrediction
 from cs336_systems.writeup.figures import TWO_PANELS, WIDE, error_bars, save
 
 
+def _exposed_ms(records: Sequence[StepRecord]) -> tuple[np.ndarray, list[np.ndarray] | None]:
+    """Exposed overheads (ms) and their paired 95% intervals as error bar lengths (None if any lacks one)."""
+    exposed = np.array([r.exposed_overhead_s for r in records]) * 1e3
+    intervals = [r.exposed_overhead_ci95_s for r in records]
+    if not all(intervals):
+        return exposed, None
+    return exposed, error_bars(exposed, np.array([lo for lo, _ in intervals]) * 1e3,  # type: ignore[misc]
+                               np.array([hi for _, hi in intervals]) * 1e3)  # type: ignore[misc]
+
+
+def _median_outside_sync_ms(r: StepRecord) -> float:
+    """Median over steps of (step - its synchronisation after backward), ms; the whole step without one."""
+    if not r.sync_times_s or len(r.sync_times_s) != len(r.step_times_s):
+        return r.median_step_s * 1e3
+    return float(np.median(np.array(r.step_times_s) - np.array(r.sync_times_s))) * 1e3
+
+
 def step_time_figure(records: Sequence[StepRecord], title: str, path: Path) -> Path:
-    """Median step time per variant (bars, min–max whiskers), the synchronisation phase shaded."""
+    """Left: each variant's step stacked as (median time outside sync) then (median sync after
+    backward); right: its exposed overhead with the paired 95% interval against compute-only."""
     names = [r.variant for r in records]
-    median = np.array([r.median_step_s for r in records]) * 1e3
-    spread = error_bars(median, np.array([r.min_step_s for r in records]) * 1e3,
-                     np.array([r.max_step_s for r in records]) * 1e3)
-    sync = np.array([r.median_sync_s or 0.0 for r in records]) * 1e3
-    height = 0.45 * len(records) + 1.8
-    fig = Figure(figsize=(8.0, height))
-    fig.subplots_adjust(left=0.2, right=0.97, bottom=0.95 / height, top=1 - 0.35 / height)
-    ax = fig.subplots()
+    rest = np.array([_median_outside_sync_ms(r) for r in records])
+    sync = np.array([(r.median_sync_s or 0.0) * 1e3 if r.sync_times_s else 0.0 for r in records])
+    height = 0.45 * len(records) + 2.1
+    fig = Figure(figsize=(11.0, height))
+    fig.subplots_adjust(left=0.14, right=0.98, bottom=1.05 / height, top=1 - 0.65 / height, wspace=0.08)
+    ax_step, ax_exposed = fig.subplots(1, 2, sharey=True)
     y = np.arange(len(records))[::-1]
-    ax.barh(y, median, xerr=spread, capsize=3, color="tab:blue", alpha=0.6, label="median step (whiskers: min–max)")
-    ax.barh(y, sync, color="tab:orange", alpha=0.9, label="median time in gradient synchronisation after backward")
-    ax.set_yticks(y, names)
-    ax.set(xlabel="time per training step (ms)", title=title)
-    ax.grid(True, axis="x", alpha=0.3)
-    fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="lower center", ncols=2)
+    ax_step.barh(y, rest, color="tab:blue", alpha=0.6, label="median time outside the sync phase (the whole step where there is none)")
+    ax_step.barh(y, sync, left=rest, color="tab:orange", alpha=0.9,
+                 label="then the median sync after backward")
+    ax_step.set_yticks(y, names)
+    ax_step.set(xlabel="time per training step (ms, medians over steps)", title="step, stacked")
+    exposed, bars = _exposed_ms(records)
+    ax_exposed.barh(y, exposed, xerr=bars, capsize=3, color="tab:green", alpha=0.6,
+                    label="exposed overhead (step − compute-only step, per round; bars: 95% interval)")
+    ax_exposed.axvline(0, color="black", lw=0.8)
+    ax_exposed.set(xlabel="exposed overhead per step (ms)", title="exposed overhead, paired by round")
+    for ax in (ax_step, ax_exposed):
+        ax.grid(True, axis="x", alpha=0.3)
+    handles = ax_step.get_legend_handles_labels()
+    more = ax_exposed.get_legend_handles_labels()
+    fig.legend(handles[0] + more[0], handles[1] + more[1], fontsize=8, loc="lower center", ncols=2)
+    fig.suptitle(title, fontsize=10)
     return save(fig, path)
 
 
 def bucket_sweep_figure(sweep: Sequence[StepRecord], references: dict[str, StepRecord], title: str, path: Path) -> Path:
-    """Step time and exposed overhead against bucket size, other variants as horizontal lines."""
+    """Left: exposed overhead against bucket size with paired 95% intervals, other variants as lines
+    with their intervals shaded; right: each size's step minus the first reference's (torch DDP
+    when timed), per round, with its interval. Both axes include 0."""
     x = np.array([r.bucket_size_mb for r in sweep])
-    fig = Figure(figsize=WIDE)
-    fig.subplots_adjust(**TWO_PANELS)
-    ax_step, ax_exposed = fig.subplots(1, 2)
-    median = np.array([r.median_step_s for r in sweep]) * 1e3
-    spread = error_bars(median, np.array([r.min_step_s for r in sweep]) * 1e3,
-                     np.array([r.max_step_s for r in sweep]) * 1e3)
-    ax_step.errorbar(x, median, yerr=spread, fmt="o-", capsize=3, color="black", label="bucketed (ours)")
-    exposed = np.array([r.exposed_overhead_s for r in sweep]) * 1e3
-    intervals = [r.exposed_overhead_ci95_s for r in sweep]
-    interval_bars = (error_bars(exposed, np.array([lo for lo, _ in intervals]) * 1e3,
-                             np.array([hi for _, hi in intervals]) * 1e3) if all(intervals) else None)
-    ax_exposed.errorbar(x, exposed, yerr=interval_bars, fmt="o-", capsize=3, color="black", label="bucketed (ours)")
+    fig = Figure(figsize=(WIDE[0], WIDE[1] + 0.4))
+    fig.subplots_adjust(**{**TWO_PANELS, "left": 0.09, "bottom": 0.14})
+    ax_exposed, ax_diff = fig.subplots(1, 2)
+    exposed, bars = _exposed_ms(sweep)
+    ax_exposed.errorbar(x, exposed, yerr=bars, fmt="o-", capsize=3, color="black", label="bucketed (ours)")
     for i, (name, r) in enumerate(references.items()):
+        if name == "compute-only":
+            continue
         color = f"C{i}"
-        ax_step.axhline(r.median_step_s * 1e3, ls="--", color=color, label=name)
-        if name != "compute-only":
-            ax_exposed.axhline(r.exposed_overhead_s * 1e3, ls="--", color=color, label=name)
-    ax_step.set(xscale="log", xlabel="bucket size (MB)", ylabel="median step time (ms)",
-                title="step time (bars: min–max)")
-    ax_exposed.set(xscale="log", xlabel="bucket size (MB)", ylabel="exposed overhead (ms)",
-                   title="exposed overhead (bars: 95% interval)")
-    for ax in (ax_step, ax_exposed):
+        ax_exposed.axhline(r.exposed_overhead_s * 1e3, ls="--", color=color, label=name)
+        if r.exposed_overhead_ci95_s:
+            ax_exposed.axhspan(*(np.array(r.exposed_overhead_ci95_s) * 1e3), color=color, alpha=0.1)
+    ax_exposed.axhline(0, color="black", lw=0.8)
+    ax_exposed.set(xscale="log", xlabel="bucket size (MB)", ylabel="step − compute-only step (ms)")
+    ax_exposed.set_title("exposed overhead, per round (bars, bands: 95% interval)", fontsize=10)
+    reference = next((references[n] for n in ("torch-ddp", "per-parameter", "flat") if n in references), None)
+    if reference is not None:
+        differences = [paired_median(r.step_times_s, reference.step_times_s) for r in sweep]
+        median = np.array([d for d, _ in differences]) * 1e3
+        diff_bars = None
+        if all(interval for _, interval in differences):
+            diff_bars = error_bars(median, np.array([lo for _, (lo, _) in differences]) * 1e3,  # type: ignore[misc]
+                                   np.array([hi for _, (_, hi) in differences]) * 1e3)  # type: ignore[misc]
+        ax_diff.errorbar(x, median, yerr=diff_bars, fmt="o-", capsize=3, color="black",
+                         label=f"bucketed − {reference.variant}")
+        ax_diff.set_title(f"step − {reference.variant}'s, per round (bars: 95% interval)", fontsize=10)
+    ax_diff.axhline(0, color="black", lw=0.8)
+    ax_diff.set(xscale="log", xlabel="bucket size (MB)", ylabel="difference per step (ms)")
+    for ax in (ax_exposed, ax_diff):
+        ax.set_xticks(x, [f"{size:g}" for size in x])
+        ax.minorticks_off()
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)

@@ -1,6 +1,6 @@
 """Profiler timelines of DDP steps (problem 5b): where the all-reduces fall relative to backward.
 
-* setting.py   ProfileSetting: the workload, the variants, warm-up and profiled steps
+* setting.py   ProfileSetting: the workload, the variants, warm-up and profiled steps; the nsys command
 * run.py       the profiled run on every rank; rank 0 saves and reads its Chrome traces
 * trace.py     a Chrome trace -> step timelines, the communication lane chosen by backend
 * timeline.py  StepTimeline (intervals of one step) and interval arithmetic
@@ -9,7 +9,7 @@
 
 from cs336_systems.bench.profile.record import ProfileRecord
 from cs336_systems.bench.profile.run import ProfileRun, profile_into
-from cs336_systems.bench.profile.setting import PROFILED_VARIANTS, ProfileSetting
+from cs336_systems.bench.profile.setting import PROFILED_VARIANTS, ProfileSetting, nsys_command
 from cs336_systems.bench.profile.timeline import (
     PHASES,
     Interval,
@@ -32,6 +32,6 @@ from cs336_systems.bench.profile.trace import (
 __all__ = [
     "AUTOGRAD_NODE_PREFIX", "BACKENDS", "ENQUEUE_ALL_REDUCE", "GLOO_ALL_REDUCE", "PHASES", "PROFILED_VARIANTS",
     "STEP_RANGE", "Interval", "ProfileRecord", "ProfileRun", "ProfileSetting", "StepTimeline",
-    "extract_step_timelines", "length_inside", "load_trace", "merge_intervals", "profile_into", "save_trace",
+    "extract_step_timelines", "length_inside", "load_trace", "merge_intervals", "nsys_command", "profile_into", "save_trace",
     "total_length",
 ]

@@ -46,6 +46,14 @@ class ProfileRun:
     records: list[ProfileRecord]  # one per variant, in the order profiled
     world_size: int
     shared_gpu: bool
+    threads_per_rank: int | None = None  # torch's intra-op threads on each rank
+    ranks_on_node: int | None = None  # ranks sharing this machine's cores (and GPUs)
+
+    @property
+    def notes(self) -> dict:
+        """Run-level figures for the results file (the writeup states the setting from them)."""
+        found = {"threads_per_rank": self.threads_per_rank, "ranks_on_node": self.ranks_on_node}
+        return {k: v for k, v in found.items() if v is not None}
 
 
 def _train_step(wrapper: DataParallel, optimizer: torch.optim.Optimizer, work: Workload, device: torch.device) -> None:
@@ -89,7 +97,9 @@ def _profile_rank(ctx: RankContext, setting: ProfileSetting, trace_dir: str) -> 
         trace_path = save_trace(text, Path(trace_dir), name)
         timelines = extract_step_timelines(json.loads(text), ctx.backend)
         records.append(ProfileRecord.from_timelines(name, trace_path.name, timelines))
-    return ProfileRun(records, ctx.world_size, ctx.shared_gpu) if ctx.rank == 0 else None
+    if ctx.rank != 0:
+        return None
+    return ProfileRun(records, ctx.world_size, ctx.shared_gpu, torch.get_num_threads(), ctx.local_world_size)
 
 
 def profile_into(setting: ProfileSetting, folder: Path) -> ProfileRun | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from cs336_systems import cli
 from cs336_systems.bench.workload import WorkloadSetting
@@ -31,3 +33,18 @@ class ProfileSetting(WorkloadSetting):
                              f"got {' '.join(self.variants)}")
         if self.steps < 1 or self.warmup_steps < 0:
             raise ValueError(f"need steps >= 1 and warmup_steps >= 0, got {self.steps} and {self.warmup_steps}")
+
+
+def nsys_command(setting: ProfileSetting, out: Path | None = None) -> str:
+    """The Nsight Systems command that records the same run (model, batch, steps) on GPUs with
+    NCCL, with CUDA and NVTX lanes; without ``out`` the script writes to its default path."""
+    script_args = [
+        "--device", "cuda", "--model-size", setting.model_size, "--context-length", str(setting.context_length),
+        "--global-batch", str(setting.global_batch), "--seed", str(setting.seed),
+        "--warmup-steps", str(setting.warmup_steps), "--steps", str(setting.steps),
+    ]
+    if out is not None:
+        script_args += ["--out", str(out)]
+    command = ["nsys", "profile", "-t", "cuda,nvtx,osrt", "-o", "ddp_profile", "torchrun",
+               "--nproc-per-node", str(setting.world_size), "scripts/profile_ddp.py", *script_args]
+    return shlex.join(command)

@@ -4,6 +4,7 @@ training step, timed side by side in interleaved rounds.
 * setting.py    StepSetting: the workload, the variants, the rounds (the script's flags)
 * variants.py   the variant names (compute-only, ours from ``ddp.VARIANTS``, bucketed-<N>MB[-lever], torch-ddp)
 * run.py        the interleaved rounds on every rank, slowest rank per step
+* probes.py     beside the steps: flat's copies timed, a narrower comm dtype's error measured
 * summarize.py  medians, the exposed overhead paired round by round, tokens/s
 * record.py     StepRecord, one per variant in ``ddp_step.json``
 """
@@ -15,6 +16,7 @@ from cs336_systems.bench.step.summarize import RawVariant, summarize
 from cs336_systems.bench.step.variants import (
     ABLATION_VARIANTS,
     COMPUTE_ONLY,
+    FLAT,
     LEVER_SUFFIXES,
     PLAIN_VARIANTS,
     TORCH_DDP,
@@ -22,11 +24,12 @@ from cs336_systems.bench.step.variants import (
     bucket_size_of,
     bucketed_name,
     check_variant_name,
+    communication_dtype,
     parse_bucketed,
 )
 
 __all__ = [
-    "ABLATION_VARIANTS", "COMPUTE_ONLY", "LEVER_SUFFIXES", "PLAIN_VARIANTS", "TORCH_DDP", "RawVariant", "StepRecord",
+    "ABLATION_VARIANTS", "COMPUTE_ONLY", "FLAT", "LEVER_SUFFIXES", "PLAIN_VARIANTS", "TORCH_DDP", "RawVariant", "StepRecord",
     "StepRun", "StepSetting", "VariantName", "bucket_size_of", "bucketed_name", "check_variant_name",
-    "parse_bucketed", "run_step_benchmark", "summarize",
+    "communication_dtype", "parse_bucketed", "run_step_benchmark", "summarize",
 ]

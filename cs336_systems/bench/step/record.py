@@ -3,6 +3,11 @@
 Every time is the slowest rank's (a data-parallel step ends when its slowest rank does), in
 seconds, one entry per timed step in round order: entry ``i`` of every variant of a run was
 timed in the same round, which is what the paired figures rely on.
+
+Version 2 adds what the writeup needs to explain the numbers: each bucket's parameters and the
+first bucket's cap (why a cap above all gradients still gives two buckets), flat DDP's pack and
+unpack copies timed beside its steps (where its synchronisation time goes), and the error of a
+narrower communication dtype against float32 on the same gradients.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ class StepRecord(Record):
     """One variant's steps and the figures derived from them."""
 
     KIND: ClassVar[str] = "ddp_step"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2
 
     variant: str  # "compute-only", "naive", "flat", "per-parameter", "bucketed-<N>MB[-lever]", "torch-ddp"
     step_times_s: list[float]  # slowest rank's time per timed step, in round order
@@ -39,6 +44,14 @@ class StepRecord(Record):
     exposed_share: float  # exposed overhead / median step
     tokens_per_s: float  # tokens of the global batch per median step
     steps_timed: int
+    first_bucket_cap_bytes: float | None = None  # the first bucket's cap (first_bucket_mb); None: lever
+    # off or not bucketed
+    bucket_params: list[list[str]] | None = None  # names of each bucket's parameters, buckets in launch order
+    pack_times_s: list[float] | None = None  # flat: copying every gradient into the flat buffer, timed
+    # after each timed step on buffers like flat's (slowest rank); None for other variants
+    unpack_times_s: list[float] | None = None  # flat: copying the buffer back into the gradients, likewise
+    comm_error_rel: float | None = None  # a narrower comm dtype: ||average in it - float32 average|| /
+    # ||float32 average|| (L2), both from one reduction of the same local gradients
 
     @property
     def sync_share(self) -> float | None:

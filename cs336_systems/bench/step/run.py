@@ -11,11 +11,16 @@ that drift of a noisy machine (thermal, other tenants) hits all alike. Each step
 a barrier; its time is the slowest rank's. The time in gradient synchronisation is naive's and
 flat's all-reduce phase after backward, or the overlapped variants' wait in
 ``finish_gradient_synchronization``; torch's DDP synchronises inside backward, so it has none.
+
+Beside the timed steps (never inside them) the run measures what explains them (probes.py):
+flat's pack and unpack copies after each of its steps, and, once at the end, the error of each
+narrower communication dtype on one step's gradients.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -25,10 +30,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from cs336_systems.bench.step.probes import comm_dtype_error
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.setting import StepSetting
 from cs336_systems.bench.step.summarize import RawVariant, summarize
-from cs336_systems.bench.step.variants import COMPUTE_ONLY, TORCH_DDP, StepVariant, build_variant
+from cs336_systems.bench.step.variants import (
+    COMPUTE_ONLY,
+    TORCH_DDP,
+    StepVariant,
+    build_variant,
+    communication_dtype,
+)
 from cs336_systems.bench.workload import Workload, build_workload
 from cs336_systems.comm.timing import slowest_rank, small_tensor_device, sync_compute_stream, sync_device
 from cs336_systems.ddp import BucketedDDP
@@ -48,6 +60,10 @@ class _Measurements:
     n_buckets: int | None = None
     bucket_cap_bytes: float | None = None  # what "auto" chose, for bucketed variants
     bucket_bytes: list[int] | None = None  # each bucket's payload, in launch order
+    first_bucket_cap_bytes: float | None = None
+    bucket_params: list[list[str]] | None = None  # each bucket's parameter names, in launch order
+    pack_times: list[float] = field(default_factory=list)  # flat's copies, one per timed step
+    unpack_times: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -59,6 +75,24 @@ class StepRun:
     world_size: int  # ranks of the job
     shared_gpu: bool  # ranks of a node took turns on one GPU
     rank: int  # this process's rank (0 when the ranks were spawned here): rank 0 writes
+    threads_per_rank: int | None = None  # torch's intra-op threads on each rank
+    ranks_on_node: int | None = None  # ranks sharing this machine's cores (and GPUs)
+    host_memory_bytes: int | None = None  # physical memory of this machine
+
+    @property
+    def notes(self) -> dict:
+        """Run-level figures for the results file (the writeup states the setting from them)."""
+        found = {"n_parameters": self.n_parameters, "threads_per_rank": self.threads_per_rank,
+                 "ranks_on_node": self.ranks_on_node, "host_memory_bytes": self.host_memory_bytes}
+        return {k: v for k, v in found.items() if v is not None}
+
+
+def host_memory_bytes() -> int | None:
+    """Physical memory of this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def _timed_step(variant: StepVariant, optimizer: torch.optim.Optimizer, work: Workload,
@@ -100,13 +134,15 @@ def _torch_ddp_bucket_count(model: nn.Module) -> int | None:
     return len(str(sizes).split(","))
 
 
-def _retire(variant: StepVariant, m: _Measurements) -> None:
-    """Record a variant's bucket layout, then detach it from the shared module."""
+def _retire(variant: StepVariant, m: _Measurements, names: dict[int, str]) -> None:
+    """Record a variant's bucket layout (``names``: parameter id -> name), then detach it."""
     if isinstance(variant.wrapper, BucketedDDP):
         m.n_buckets = len(variant.wrapper.buckets)
         m.bucket_bytes = [bucket.buffer.payload_bytes for bucket in variant.wrapper.buckets]
+        m.bucket_params = [[names[id(p)] for p in bucket.params] for bucket in variant.wrapper.buckets]
         cap = variant.wrapper.bucket_cap_bytes
         m.bucket_cap_bytes = cap if math.isfinite(cap) else None
+        m.first_bucket_cap_bytes = variant.wrapper.first_bucket_cap_bytes
     if variant.name == TORCH_DDP:
         m.n_buckets = _torch_ddp_bucket_count(variant.model)
         if m.n_buckets is not None:
@@ -115,11 +151,20 @@ def _retire(variant: StepVariant, m: _Measurements) -> None:
         variant.wrapper.detach()
 
 
+def _local_backward(work: Workload) -> None:
+    """One forward and backward of the bare module: every rank's own, unsynchronised gradients."""
+    work.module.zero_grad(set_to_none=True)
+    logits = work.module(work.tokens)
+    F.cross_entropy(logits.flatten(0, 1), work.targets.flatten()).backward()
+
+
 def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> dict:
     work = build_workload(ctx, setting)
+    threads = torch.get_num_threads()
+    param_names = {id(p): n for n, p in work.module.named_parameters()}
     optimizer = torch.optim.AdamW(work.module.parameters(), lr=1e-4)
-    names = setting.variant_names()
-    measured = {name: _Measurements() for name in names}
+    variant_names = setting.variant_names()
+    measured = {name: _Measurements() for name in variant_names}
 
     # Wrappers stay attached to the shared module for the whole run: each one's hooks act only
     # on backward passes of its own forward (ddp/overlap.py), and torch's reducer ignores
@@ -131,11 +176,11 @@ def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> dict:
             _timed_step(variant, optimizer, work, ctx.device)
         return variant
 
-    rebuilt = {n for n in names if setting.rebuild_each_round and n != TORCH_DDP}
-    kept = {name: build(name) for name in names if name not in rebuilt}
+    rebuilt = {n for n in variant_names if setting.rebuild_each_round and n != TORCH_DDP}
+    kept = {name: build(name) for name in variant_names if name not in rebuilt}
     for r in range(setting.rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
+        shift = r % len(variant_names)
+        for name in variant_names[shift:] + variant_names[:shift]:
             variant, m = kept[name] if name in kept else build(name), measured[name]
             for _ in range(setting.steps_per_round):
                 step_s, sync_s = _timed_step(variant, optimizer, work, ctx.device)
@@ -143,14 +188,29 @@ def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> dict:
                 m.sync_times.append(sync_s)
                 if variant.wrapper is not None:
                     m.calls.append(variant.wrapper.allreduce_calls_last_step)
+                if variant.copy_probe is not None:
+                    pack_s, unpack_s = variant.copy_probe.time_copies(ctx.device)
+                    m.pack_times.append(pack_s)
+                    m.unpack_times.append(unpack_s)
             if name in rebuilt:
-                _retire(variant, m)
+                _retire(variant, m, param_names)
     for variant in kept.values():
-        _retire(variant, measured[variant.name])
+        _retire(variant, measured[variant.name], param_names)
+    kept.clear()
+
+    # Every wrapper is detached now: one bare backward gives the local gradients that each
+    # narrower communication dtype is judged on (the same gradients for every dtype).
+    comm_errors: dict[str, float] = {}
+    narrow = {name: communication_dtype(name) for name in variant_names}
+    if any(dtype is not None for dtype in narrow.values()):
+        _local_backward(work)
+        params = [p for p in work.module.parameters() if p.requires_grad]
+        comm_errors = {name: comm_dtype_error(params, dtype) for name, dtype in narrow.items() if dtype is not None}
+        work.module.zero_grad(set_to_none=True)
 
     small = small_tensor_device(ctx.device, ctx.backend)
     raw = []
-    for name in names:
+    for name in variant_names:
         m = measured[name]
         has_sync_phase = name not in (COMPUTE_ONLY, TORCH_DDP)  # the same on every rank
         raw.append(RawVariant(
@@ -161,9 +221,15 @@ def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> dict:
             n_buckets=m.n_buckets,
             bucket_cap_bytes=m.bucket_cap_bytes,
             bucket_bytes=m.bucket_bytes,
+            first_bucket_cap_bytes=m.first_bucket_cap_bytes,
+            bucket_params=m.bucket_params,
+            pack_times_s=slowest_rank(m.pack_times, small) if m.pack_times else None,
+            unpack_times_s=slowest_rank(m.unpack_times, small) if m.unpack_times else None,
+            comm_error_rel=comm_errors.get(name),
         ))
     return {"raw": raw, "n_parameters": sum(p.numel() for p in work.module.parameters()),
-            "world_size": ctx.world_size, "shared_gpu": ctx.shared_gpu, "rank": ctx.rank}
+            "world_size": ctx.world_size, "shared_gpu": ctx.shared_gpu, "rank": ctx.rank,
+            "threads_per_rank": threads, "ranks_on_node": ctx.local_world_size}
 
 
 def run_step_benchmark(setting: StepSetting) -> StepRun:
@@ -179,4 +245,5 @@ def run_step_benchmark(setting: StepSetting) -> StepRun:
     )
     mine = results[0]
     return StepRun(summarize(mine["raw"], setting.tokens_per_step), mine["n_parameters"], mine["world_size"],
-                   mine["shared_gpu"], mine["rank"])
+                   mine["shared_gpu"], mine["rank"], mine["threads_per_rank"], mine["ranks_on_node"],
+                   host_memory_bytes())

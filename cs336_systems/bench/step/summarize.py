@@ -27,6 +27,11 @@ class RawVariant:
     n_buckets: int | None = None
     bucket_cap_bytes: float | None = None
     bucket_bytes: list[int] | None = None
+    first_bucket_cap_bytes: float | None = None
+    bucket_params: list[list[str]] | None = None
+    pack_times_s: list[float] | None = None
+    unpack_times_s: list[float] | None = None
+    comm_error_rel: float | None = None
 
 
 def summarize(raw: list[RawVariant], tokens_per_step: int) -> list[StepRecord]:
@@ -57,5 +62,10 @@ def summarize(raw: list[RawVariant], tokens_per_step: int) -> list[StepRecord]:
             exposed_share=exposed / median_step,
             tokens_per_s=tokens_per_step / median_step,
             steps_timed=len(steps),
+            first_bucket_cap_bytes=r.first_bucket_cap_bytes,
+            bucket_params=None if r.bucket_params is None else [list(names) for names in r.bucket_params],
+            pack_times_s=None if r.pack_times_s is None else list(r.pack_times_s),
+            unpack_times_s=None if r.unpack_times_s is None else list(r.unpack_times_s),
+            comm_error_rel=r.comm_error_rel,
         ))
     return records

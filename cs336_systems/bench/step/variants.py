@@ -21,12 +21,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from cs336_systems import cli
+from cs336_systems.bench.step.probes import CopyProbe
 from cs336_systems.ddp import DataParallel
-from cs336_systems.ddp.variants import BUCKETED, VARIANTS
+from cs336_systems.ddp.variants import BUCKETED, FLAT as FLAT_VARIANT, VARIANTS
 from cs336_systems.launch import RankContext
 
 COMPUTE_ONLY = "compute-only"
 TORCH_DDP = "torch-ddp"
+FLAT = FLAT_VARIANT.name  # the variant whose copies are timed beside its steps (probes.py)
 BUCKETED_PREFIX = BUCKETED.name + "-"
 AUTO = "auto"
 # Registry variants timed under their own name; the bucketed one needs a size in its name.
@@ -85,6 +87,13 @@ def parse_bucketed(name: str) -> tuple[float | str, dict[str, Any]]:
     return size, options
 
 
+def communication_dtype(name: str) -> torch.dtype | None:
+    """The narrower dtype a variant communicates in (``-bf16``), None for full width."""
+    if not name.startswith(BUCKETED_PREFIX):
+        return None
+    return parse_bucketed(name)[1].get("comm_dtype")
+
+
 def check_variant_name(name: str) -> str:
     """``name`` if the benchmark knows it; ValueError naming the known forms otherwise."""
     if name not in (COMPUTE_ONLY, TORCH_DDP, *PLAIN_VARIANTS):
@@ -121,6 +130,7 @@ class StepVariant:
     name: str
     model: nn.Module
     wrapper: DataParallel | None = None  # None for compute-only and torch DDP
+    copy_probe: CopyProbe | None = None  # flat: its pack and unpack, timed after each step
 
     @property
     def finish(self) -> Callable[[], None] | None:
@@ -137,6 +147,8 @@ def build_variant(name: str, module: nn.Module, ctx: RankContext) -> StepVariant
         return StepVariant(name, DistributedDataParallel(module, device_ids=device_ids))
     if name in PLAIN_VARIANTS:
         wrapper = VARIANTS[name].wrap(module)
+        if name == FLAT:
+            return StepVariant(name, wrapper, wrapper, CopyProbe(wrapper.synced_params, ctx.world_size))
     else:
         size, options = parse_bucketed(name)
         wrapper = BUCKETED.wrap(module, bucket_size_mb=size, **options)
