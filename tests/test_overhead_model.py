@@ -1,24 +1,33 @@
 """Problem 6b: the bucketed-DDP overhead model, checked against references that share no code with it.
 
-* the fit must recover a per-call cost and bandwidth planted in synthetic timings;
+* the fit must recover a per-call cost and bandwidth planted in synthetic timings, agree with
+  numpy's weighted polynomial fit, and its R² be the one on the residuals it minimises;
+* bootstrap intervals must cover the planted o and w;
 * the closed-form optimum must match a brute-force search over bucket counts;
-* the derivation's queueing claim is replayed by a discrete-event simulation of one channel;
-* the bucket size must respect the two limits a bucketing has (largest parameter, everything).
+* the derivation's queueing claim, and the recursion on unequal buckets with any backward, are
+  replayed by hand-computed cases and by a time-stepped simulation of one channel;
+* the bucket size must respect the one upper limit (everything in one bucket) and may go below
+  the largest parameter (only that parameter's bucket must hold it).
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 
 from cs336_systems.ddp.overhead_model import (
+    bootstrap_latency_bandwidth,
+    bucket_finish_times,
     exposed_overhead,
     fit_latency_bandwidth,
     minimum_exposed_overhead,
     optimal_bucket_bytes,
     optimal_bucket_count,
+    predicted_wait,
+    proportional_ready_times,
 )
 
 pytestmark = pytest.mark.problem("ddp_bucketed_benchmarking")
@@ -95,24 +104,17 @@ def test_bucket_size_is_sqrt_swo_inside_the_limits():
     assert optimal_bucket_bytes(s, w, o, largest_param_bytes=1 * MB) == pytest.approx(unconstrained)
 
 
-def test_bucket_size_is_clamped_to_the_largest_parameter_and_to_everything():
+def test_bucket_size_may_go_below_the_largest_parameter_but_not_above_everything():
     s, w = 400 * MB, 25e9
     tiny_o, huge_o = 1e-9, 10.0
     largest = 30 * MB
+    # Only the largest parameter's bucket must hold it: the model's smaller cap stands.
     assert math.sqrt(s * w * tiny_o) < largest
-    assert optimal_bucket_bytes(s, w, tiny_o, largest) == largest
-    assert math.sqrt(s * w * huge_o) > s
+    assert optimal_bucket_bytes(s, w, tiny_o, largest) == pytest.approx(math.sqrt(s * w * tiny_o))
     assert optimal_bucket_bytes(s, w, huge_o, largest) == s
-    # No per-call cost: more buckets are always better, down to the largest parameter.
+    # No per-call cost: more buckets are always better, and the cap stops at the largest parameter.
     assert optimal_bucket_count(s, w, 0.0) == math.inf
     assert optimal_bucket_bytes(s, w, 0.0, largest) == largest
-
-
-def test_clamped_size_beats_every_feasible_bucket_count():
-    s, w, o, largest = 256 * MB, 2e9, 3e-3, 64 * MB  # unconstrained optimum lies below the limit
-    best = optimal_bucket_bytes(s, w, o, largest)
-    feasible = [s / n for n in range(1, 5)]  # at most s / largest = 4 buckets
-    assert exposed_overhead(s, w, o, s / best) <= min(exposed_overhead(s, w, o, s / b) for b in feasible) + 1e-15
 
 
 @pytest.mark.parametrize(
@@ -127,3 +129,222 @@ def test_clamped_size_beats_every_feasible_bucket_count():
 def test_bad_arguments_name_the_broken_invariant(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# -- the fit's R² and its uncertainty ---------------------------------------------------------
+
+def test_fit_matches_numpys_weighted_fit_and_r2_is_on_relative_residuals():
+    """np.polyfit with weights 1/t minimises the same sum of squared relative residuals; its
+    constant fit (degree 0) is the baseline the relative R² is measured against."""
+    payloads = np.array([64e3, 1e6, 16e6, 128e6])
+    seconds = np.array([0.9e-3, 2.1e-3, 14.0e-3, 118e-3])
+    o_fit, w_fit, r2 = fit_latency_bandwidth(payloads, seconds)
+    slope, intercept = np.polyfit(payloads, seconds, 1, w=1 / seconds)
+    assert (o_fit, w_fit) == pytest.approx((intercept, 1 / slope), rel=1e-9)
+    line_ss = np.sum(((seconds - np.polyval([slope, intercept], payloads)) / seconds) ** 2)
+    [constant] = np.polyfit(payloads, seconds, 0, w=1 / seconds)
+    constant_ss = np.sum(((seconds - constant) / seconds) ** 2)
+    assert r2 == pytest.approx(1 - line_ss / constant_ss, rel=1e-9)
+    # Not the plain R² on seconds, which the largest payload would dominate.
+    plain = 1 - np.sum((seconds - np.polyval([slope, intercept], payloads)) ** 2) / np.sum((seconds - seconds.mean()) ** 2)
+    assert r2 != pytest.approx(plain, rel=1e-6)
+
+
+def planted_iterations(o: float, w: float, payloads: list[float], iters: int, noise: float, seed: int) -> list[list[float]]:
+    """Timed iterations around o + x / w with multiplicative log-normal noise."""
+    rng = np.random.default_rng(seed)
+    return [list((o + x / w) * np.exp(noise * rng.standard_normal(iters))) for x in payloads]
+
+
+def test_bootstrap_intervals_cover_the_planted_o_and_w():
+    """Over 20 independent data sets, the 95% intervals cover the planted values almost always
+    (at least 17 of 20: a coverage below ~85% fails), and each interval holds its own point fit."""
+    o, w = 500e-6, 1e9
+    payloads = [64e3, 1e6, 16e6, 128e6]
+    covered_o = covered_w = 0
+    for seed in range(20):
+        times = planted_iterations(o, w, payloads, iters=20, noise=0.05, seed=seed)
+        iv = bootstrap_latency_bandwidth(payloads, times, resamples=400, seed=seed)
+        point_o, point_w, _ = fit_latency_bandwidth(payloads, [float(np.median(t)) for t in times])
+        assert iv.o_s[0] <= point_o <= iv.o_s[1] and iv.w_bytes_per_s[0] <= point_w <= iv.w_bytes_per_s[1]
+        covered_o += iv.o_s[0] <= o <= iv.o_s[1]
+        covered_w += iv.w_bytes_per_s[0] <= w <= iv.w_bytes_per_s[1]
+    assert covered_o >= 17 and covered_w >= 17
+
+
+def test_bootstrap_intervals_narrow_with_less_noise_and_repeat_with_the_seed():
+    o, w = 500e-6, 1e9
+    payloads = [64e3, 1e6, 16e6, 128e6]
+    noisy = bootstrap_latency_bandwidth(payloads, planted_iterations(o, w, payloads, 20, 0.10, 1), resamples=300)
+    quiet = bootstrap_latency_bandwidth(payloads, planted_iterations(o, w, payloads, 20, 0.01, 1), resamples=300)
+    width = lambda pair: pair[1] - pair[0]  # noqa: E731
+    assert width(quiet.w_bytes_per_s) < width(noisy.w_bytes_per_s) / 3
+    again = bootstrap_latency_bandwidth(payloads, planted_iterations(o, w, payloads, 20, 0.10, 1), resamples=300)
+    assert again == noisy
+
+
+# -- the recursion on the buckets actually built ----------------------------------------------
+
+def test_recursion_on_hand_computed_cases():
+    w = 1.0  # bytes per second, so a bucket's transfer takes its size in seconds
+    # Ready at 1, 2, 10 s; transfers of 1, 3, 1 s; o = 0.5 s.
+    # f1 = 1 + 1.5 = 2.5; f2 = max(2, 2.5) + 3.5 = 6.0; f3 = max(10, 6) + 1.5 = 11.5.
+    assert bucket_finish_times([1, 2, 10], [1, 3, 1], w, 0.5) == pytest.approx([2.5, 6.0, 11.5])
+    # Backward of 8 s over buckets of 2, 2, 4 bytes: ready at 2, 4, 8 s. With o = 1:
+    # f1 = 2 + 3 = 5; f2 = max(4, 5) + 3 = 8; f3 = max(8, 8) + 5 = 13; wait after backward 13 - 8 = 5.
+    assert proportional_ready_times([2, 2, 4], 8.0) == pytest.approx([2.0, 4.0, 8.0])
+    assert predicted_wait([2, 2, 4], 8.0, w, 1.0) == pytest.approx(5.0)
+    # The same buckets behind a 2 s backward (ready at 0.5, 1, 2 s) queue up:
+    # f1 = 0.5 + 3 = 3.5; f2 = max(1, 3.5) + 3 = 6.5; f3 = max(2, 6.5) + 5 = 11.5; wait 11.5 - 2 = 9.5.
+    assert predicted_wait([2, 2, 4], 2.0, w, 1.0) == pytest.approx(9.5)
+
+
+def simulate_in_time_steps(bucket_bytes: list[float], backward_s: float, w: float, o: float, dt: float) -> float:
+    """A clock-driven replay, sharing nothing with the recursion: every dt, backward adds its bytes
+    (at s / B per second) to the buckets in order; a full bucket joins the channel's queue; the
+    channel spends o on each call, then moves w bytes per second. Returns the time the last
+    bucket is through, minus backward's end."""
+    rate = sum(bucket_bytes) / backward_s
+    produced, filled, queue = 0.0, 0, []
+    busy_setup, busy_bytes, current = 0.0, 0.0, None
+    t, done = 0.0, 0
+    while done < len(bucket_bytes):
+        produced = min(sum(bucket_bytes), produced + rate * dt)
+        while filled < len(bucket_bytes) and produced >= sum(bucket_bytes[: filled + 1]) - 1e-9:
+            queue.append(filled)
+            filled += 1
+        budget = dt
+        while budget > 0:
+            if current is None:
+                if not queue:
+                    break
+                current = queue.pop(0)
+                busy_setup, busy_bytes = o, bucket_bytes[current]
+            spend = min(budget, busy_setup)
+            busy_setup -= spend
+            budget -= spend
+            moved = min(budget * w, busy_bytes)
+            busy_bytes -= moved
+            budget -= moved / w
+            if busy_setup <= 0 and busy_bytes <= 1e-12:
+                current, done = None, done + 1
+        t += dt
+    return t - backward_s
+
+
+@pytest.mark.parametrize("backward_s", [0.02, 0.1, 0.5])
+@pytest.mark.parametrize("buckets_mb", [[1, 4, 4, 4, 19.5], [19.5, 2.6, 2.6, 1, 1, 19.5], [40]])
+def test_recursion_matches_a_time_stepped_channel(buckets_mb, backward_s):
+    w, o, dt = 1e9, 2e-3, 2e-5
+    sizes = [b * MB for b in buckets_mb]
+    expected = simulate_in_time_steps(sizes, backward_s, w, o, dt)
+    assert predicted_wait(sizes, backward_s, w, o) == pytest.approx(expected, abs=3 * dt)
+
+
+@pytest.mark.parametrize("n_b", [1, 3, 16])
+def test_equal_buckets_and_a_channel_paced_backward_give_the_closed_form(n_b):
+    s, w, o = 48 * MB, 12e9, 150e-6
+    assert predicted_wait([s / n_b] * n_b, s / w, w, o) == pytest.approx(exposed_overhead(s, w, o, n_b), rel=1e-12)
+
+
+def test_the_two_regimes():
+    w, o = 1e9, 1e-3
+    sizes = [19.5 * MB, 5 * MB, 5 * MB, 5 * MB, 19.5 * MB]
+    channel = len(sizes) * o + sum(sizes) / w
+    # Compute-bound: every bucket finds the channel free; only the last one's transfer shows.
+    assert predicted_wait(sizes, 20 * channel, w, o) == pytest.approx(o + sizes[-1] / w, rel=1e-12)
+    # Communication-bound: the queue shows, at least the channel's busy time beyond backward.
+    short = channel / 5
+    assert predicted_wait(sizes, short, w, o) >= channel - short
+
+
+# -- the section, from results files written with the benchmarks' writers ----------------------
+
+def _write_results_tree(root, backward_s: float | None):
+    """One machine: an all-reduce line exactly on o + x / w (2 ranks, gloo, CPU), a step run with
+    a two-size bucket sweep whose buckets are planted, and (optionally) a profile of its workload."""
+    from cs336_systems.bench.allreduce.record import measured_record
+    from cs336_systems.bench.allreduce.setting import GridPoint
+    from cs336_systems.bench.profile import ProfileRecord, ProfileSetting, StepTimeline
+    from cs336_systems.bench.step import COMPUTE_ONLY, RawVariant, StepSetting, summarize
+    from cs336_systems.results.files import ResultsFile, write_results
+    from cs336_systems.results.paths import PROFILE_DIR, results_dir, results_path
+    from cs336_systems.results.schema import to_json
+    from tests.test_writeup_allreduce import environment
+
+    tag = "cpu2-test-model"
+    env = environment()
+    line = [measured_record(GridPoint("gloo", "cpu", 2, p, 5, 5), [t * f for f in (0.99, 1.0, 1.01)], warmup_iters=5,
+                            correct=True, shared_gpu=False, threads_per_rank=1)
+            for p, t in ((p, SECTION_O + p / SECTION_W) for p in (2**16, 2**20, 2**24))]
+    write_results(results_path("allreduce", tag, root=root), ResultsFile("allreduce", env, {"iters": 3}, line))
+    setting = StepSetting(model_size="tiny", context_length=32, global_batch=4, bucket_sizes_mb=(0.5, 100.0),
+                          rounds=6, steps_per_round=1, variants=(COMPUTE_ONLY, "bucketed-0.5MB", "bucketed-100MB"))
+    raw = [RawVariant(COMPUTE_ONLY, [0.5] * 6, None, None)]
+    for name, buckets in SECTION_BUCKETS.items():
+        raw.append(RawVariant(name, [0.5 + SECTION_EXPOSED[name]] * 6, [SECTION_WAIT[name]] * 6, len(buckets),
+                              len(buckets), None, buckets))
+    write_results(results_path("ddp_step", tag, root=root),
+                  ResultsFile("ddp_step", env, to_json(setting), summarize(raw, setting.tokens_per_step),
+                              {"n_parameters": SECTION_PARAMETERS, "threads_per_rank": 1}))
+    if backward_s is not None:
+        us = backward_s * 1e6
+        def timeline(backward_us: float) -> StepTimeline:
+            phases = {"forward": (0.0, 1e5), "backward": (1e5, 1e5 + backward_us)}
+            return StepTimeline(2e5 + backward_us, phases, [], [], 0, False, "gloo")
+        records = [ProfileRecord.from_timelines("naive", "trace_naive.json", [timeline(us), timeline(us)]),
+                   ProfileRecord.from_timelines("per-parameter", "trace_pp.json", [timeline(1.5 * us)])]
+        profile = ProfileSetting(model_size="tiny", context_length=32, global_batch=4)
+        write_results(results_dir(tag, root) / PROFILE_DIR / "profile.json",
+                      ResultsFile("profile", env, to_json(profile), records))
+    return root
+
+
+SECTION_O, SECTION_W = 2e-3, 1e9
+SECTION_PARAMETERS = 1_000_000  # s = 4 MB
+SECTION_BUCKETS = {"bucketed-0.5MB": [1_000_000, 1_000_000, 1_000_000, 1_000_000], "bucketed-100MB": [4_000_000]}
+SECTION_EXPOSED = {"bucketed-0.5MB": 0.010, "bucketed-100MB": 0.012}
+SECTION_WAIT = {"bucketed-0.5MB": 0.004, "bucketed-100MB": 0.010}
+
+
+def _render_section(tmp_path, backward_s):
+    from cs336_systems.writeup.context import RenderContext
+    from cs336_systems.writeup.load import load_results
+    from cs336_systems.writeup.overhead_section import overhead_model_section
+
+    root = _write_results_tree(tmp_path / "results", backward_s)
+    return overhead_model_section(RenderContext(load_results(root), tmp_path / "out")).markdown
+
+
+def test_the_section_predicts_each_size_from_its_buckets_and_the_profiled_backward(tmp_path):
+    backward = 0.200  # far longer than the channel needs: compute-bound
+    text = _render_section(tmp_path, backward)
+    for name, buckets in SECTION_BUCKETS.items():
+        # By hand: every bucket finds the channel free, so only the last one's transfer shows.
+        expected = SECTION_O + buckets[-1] / SECTION_W
+        assert simulate_in_time_steps(buckets, backward, SECTION_W, SECTION_O, 1e-5) == pytest.approx(expected, abs=3e-5)
+        row = next(line for line in text.splitlines() if line.startswith(f"| {name} |"))
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        assert float(cells[5]) == pytest.approx(expected * 1e3, rel=5e-3)  # predicted wait after backward (ms)
+        assert float(cells[7].rstrip("×")) == pytest.approx(expected / SECTION_WAIT[name], rel=5e-3)
+    assert "**Compute-bound here**: backward computes for 200 ms" in text
+    # Iterations 1% either side of the line: the bootstrap interval holds o and stays within 2% of it.
+    low, high = map(float, re.search(r"\$o\$ = 2000 µs \(95% interval (\S+) to (\S+) µs\)", text).groups())
+    assert 1960 <= low <= 2000 <= high <= 2040
+    assert "That accounts for all of the gap: the measured point lies on the line." in text
+    assert "| gloo | cpu | 2 | 0.0625, 1, 16 | 2000 |" in text and "| 1.000 |" in text  # relative R² of a line
+    # 0.5 MB: 3 ms predicted against 4 ms measured (0.75×, inside); 100 MB: 6 against 10 ms (0.6×, outside).
+    assert "Predicted / measured wait after backward runs from 0.600× to 0.750×: outside ±30% at 100 MB (0.600×)." in text
+    # Nothing hidden: n_b o + s / w = 4 x 2 + 4 = 12 ms against 10 ms measured, and 2 + 4 = 6 against 12 ms.
+    assert ("Channel busy time / measured exposed overhead runs from 0.500× to 1.20×: outside ±30% at 100 MB "
+            "(0.500×).") in text
+    assert "Here 2 ranks × 1 compute thread fill the 2 cores" in text  # the planted environment and notes
+    assert ("backward computing for 200 ms with nothing beside it (naive DDP) and for 300 ms beside per-parameter "
+            "DDP's all-reduces (1.50×), 100 ms lost") in text
+    assert "Communication-bound regime" in text and "**not measured here**; `make bench-gpu`" in text
+
+
+def test_without_a_profile_the_recursion_says_what_is_missing(tmp_path):
+    text = _render_section(tmp_path, None)
+    assert "no profile of this workload on this machine" in text and "**not measured here**; `make bench`" in text
+    assert "| bucketed-100MB | 100 | 1 |" in text  # the closed form is still shown

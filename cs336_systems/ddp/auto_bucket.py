@@ -1,5 +1,5 @@
-"""Measuring this job's all-reduce, and ``bucket_size_mb="auto"``: the bucket size the overhead
-model says is best for it (see overhead_model.py: b* = sqrt(s w o)).
+"""``bucket_size_mb="auto"``: this job's all-reduce measured, candidate bucket caps from the
+overhead model, and the few first steps that time them and keep the fastest.
 
 :func:`calibrate_allreduce` is the one calibration of the repo: ``BucketedDDP`` runs it with
 its defaults when asked for ``"auto"``, and the doctor (``cs336_systems/doctor``) with its own
@@ -20,6 +20,17 @@ by relative least squares (overhead_model.fit_latency_bandwidth), and then
   largest payload's bytes over its time, the lowest bandwidth the timings allow.
 
 Either way ``o >= 0`` and ``w > 0``, and :attr:`AllReduceCalibration.note` says what was done.
+
+Why the model alone does not pick the cap: its optimum ``sqrt(s w o)`` assumes a backward that
+produces gradients exactly as fast as the channel moves them, and communication that costs
+compute nothing. Neither holds everywhere (on a few CPU cores an all-reduce running beside
+backward slows it down; on a GPU backward may be far faster than the link), and a cap a few
+times off its best can lose to torch's fixed 25 MB. So the model proposes and the job decides:
+:func:`candidate_caps` gives the model's cap, its neighbours (half and double) and the 25 MB
+default, and :class:`BucketTuner` times each for a few steps, interleaved round by round, and
+keeps the one with the lowest median step (the slowest rank's time, agreed by all ranks, so
+that every rank keeps the same cap). 25 MB is always a candidate, so "auto" can at worst match
+the default, up to the noise of those few steps.
 """
 
 from __future__ import annotations
@@ -40,6 +51,9 @@ from cs336_systems.units import KB, MB
 CALIBRATION_PAYLOAD_BYTES = (64 * KB, 512 * KB, 4 * MB)
 CALIBRATION_ITERS = 5
 FLOAT32_BYTES = 4
+DEFAULT_BUCKET_BYTES = 25 * MB  # torch's DDP default (bucket_cap_mb=25), and BucketedDDP's
+NEIGHBOUR_FACTOR = 2.0  # the model's cap is tried beside this factor below and above it
+TUNING_ROUNDS = 3  # timed steps of each candidate: its median is over this many
 
 
 @dataclass(frozen=True)
@@ -128,10 +142,95 @@ def calibrate_allreduce(
     return AllReduceCalibration(tuple(payload_bytes), seconds, tuple(f == 0.0 for f in flags), o, w, r2, note)
 
 
-def auto_bucket_bytes(
+def model_bucket_bytes(
     grad_bytes: int, largest_param_bytes: int, device: torch.device, group: dist.ProcessGroup | None = None
 ) -> tuple[float, AllReduceCalibration]:
-    """The bucket cap for a model with ``grad_bytes`` of gradients, and the calibration behind it."""
+    """The overhead model's cap for a model with ``grad_bytes`` of gradients (collective), and
+    the calibration behind it."""
     calibration = calibrate_allreduce(device, group)
     cap = optimal_bucket_bytes(grad_bytes, calibration.w_bytes_per_s, calibration.o_s, largest_param_bytes)
     return cap, calibration
+
+
+def candidate_caps(model_cap_bytes: float, grad_bytes: float) -> list[float]:
+    """The caps worth timing: the 25 MB default first, then the model's cap and its neighbours.
+
+    Each is at most ``grad_bytes`` (a larger cap builds the same one bucket). Duplicates are
+    dropped here; caps that build the same buckets are merged by the wrapper, which knows the
+    launch order.
+    """
+    if not (model_cap_bytes > 0 and grad_bytes > 0):
+        raise ValueError(f"caps and gradient bytes must be > 0, got {model_cap_bytes!r} and {grad_bytes!r}")
+    caps: list[float] = []
+    for cap in (DEFAULT_BUCKET_BYTES, model_cap_bytes, model_cap_bytes / NEIGHBOUR_FACTOR,
+                model_cap_bytes * NEIGHBOUR_FACTOR):
+        cap = float(min(cap, grad_bytes))
+        if cap not in caps:
+            caps.append(cap)
+    return caps
+
+
+class BucketTuner:
+    """Which candidate cap each tuning step uses, the times recorded, and the choice.
+
+    Round ``r`` times every candidate once, the order rotated by ``r`` so that no candidate
+    always follows the same one. Pure bookkeeping: the wrapper times the steps, and
+    :meth:`choose` is handed the slowest rank's times, so every rank chooses alike.
+    """
+
+    def __init__(self, caps: Sequence[float], rounds: int = TUNING_ROUNDS):
+        if not caps:
+            raise ValueError("a tuner needs at least one candidate cap")
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+        self.caps = list(caps)
+        k = len(self.caps)
+        self.schedule = [(r + i) % k for r in range(rounds) for i in range(k)]  # candidate per step
+        self.local_times: list[float] = []
+
+    @property
+    def done(self) -> bool:
+        return len(self.local_times) == len(self.schedule)
+
+    @property
+    def steps_left(self) -> int:
+        return len(self.schedule) - len(self.local_times)
+
+    @property
+    def current_cap(self) -> float:
+        """The cap the next timed step uses."""
+        return self.caps[self.schedule[len(self.local_times)]]
+
+    def record(self, seconds: float) -> None:
+        if self.done:
+            raise RuntimeError("every tuning step is already recorded")
+        self.local_times.append(seconds)
+
+    def medians(self, times: Sequence[float]) -> list[float]:
+        """Each candidate's median over its steps, from one time per scheduled step."""
+        if len(times) != len(self.schedule):
+            raise ValueError(f"expected {len(self.schedule)} times, one per tuning step, got {len(times)}")
+        return [statistics.median(t for t, c in zip(times, self.schedule) if c == i) for i in range(len(self.caps))]
+
+    def choose(self, times: Sequence[float]) -> int:
+        """The candidate with the lowest median; on a tie, the one listed first (the default)."""
+        medians = self.medians(times)
+        return min(range(len(self.caps)), key=lambda i: (medians[i], i))
+
+
+@dataclass(frozen=True)
+class TuningResult:
+    """What the tuning steps measured and kept (the same on every rank)."""
+
+    caps: tuple[float, ...]  # the distinct candidates timed, the default first
+    median_s: tuple[float, ...]  # per candidate: median of the slowest rank's tuning steps (nan: a
+    # lone candidate, kept untimed)
+    chosen_cap: float
+
+
+def agree_on_cap(tuner: BucketTuner, device: torch.device, group: dist.ProcessGroup | None) -> TuningResult:
+    """Every rank's times reduced to the slowest rank's per step (a collective, and the one host
+    wait of the tuning's last step), then the same choice everywhere."""
+    times = slowest_rank(tuner.local_times, small_tensor_device(device, dist.get_backend(group)), group)
+    best = tuner.choose(times)
+    return TuningResult(tuple(tuner.caps), tuple(tuner.medians(times)), tuner.caps[best])

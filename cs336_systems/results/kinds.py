@@ -22,6 +22,7 @@ KINDS = {
     "fsdp_step": "cs336_systems.bench.fsdp.record:FsdpStepRecord",
     "doctor": "cs336_systems.doctor.report:DoctorReport",
     "grades": "cs336_systems.problems:GradeRecord",
+    "bucket_family": "cs336_systems.bench.family.record:FamilyRecord",
 }
 
 

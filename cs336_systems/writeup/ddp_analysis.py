@@ -17,6 +17,7 @@ from cs336_systems.ddp.overhead_model import (
     minimum_exposed_overhead,
     optimal_bucket_bytes,
     optimal_bucket_count,
+    predicted_wait,
 )
 from cs336_systems.bench.allreduce.record import AllReduceRecord
 from cs336_systems.writeup.allreduce_analysis import CommGroup, LinkFit, comm_groups, fit_group
@@ -86,46 +87,62 @@ def largest_parameter_bytes(model_size: str, context_length: int | None) -> int 
 
 
 @dataclass(frozen=True)
+class BucketPrediction:
+    """The model applied to one run of the sweep: what it predicts for the buckets built."""
+
+    record: StepRecord
+    closed_form_s: float  # o n_b + s / (w n_b): equal buckets, backward as fast as the channel
+    channel_s: float  # n_b o + s / w: the channel busy for every bucket, back to back
+    wait_s: float | None  # the recursion on the buckets built and the measured backward (None:
+    # no measured backward, or no bucket sizes recorded)
+
+
+@dataclass(frozen=True)
 class OverheadPrediction:
     """The overhead model applied to one DDP run with one fit."""
 
     s_bytes: float  # gradient bytes per step
     largest_param_bytes: float | None
     fit: LinkFit
+    o_s: float  # the per-call cost used: the fit's, or 0 where the fit's is negative
+    backward_s: float | None  # backward's compute, measured by the profiler (None: not profiled)
     n_b_opt: float  # unconstrained optimum bucket count
-    b_unconstrained_bytes: float  # s / n_b_opt = sqrt(s w o)
-    t_unconstrained_s: float  # 2 sqrt(s o / w): the overhead at n_b_opt
-    b_opt_bytes: float  # optimum bucket size, clamped to [largest parameter, s]
-    t_opt_s: float  # predicted exposed overhead at the clamped optimum
-    rows: list[tuple[StepRecord, float]]  # (bucketed record, predicted overhead at its n_buckets)
+    b_opt_bytes: float  # s / n_b_opt = sqrt(s w o), at most s
+    t_opt_s: float  # 2 sqrt(s o / w): the closed form's minimum
+    rows: list[BucketPrediction]  # one per bucketed record of the sweep, by bucket size
 
     def predict(self, n_b: float) -> float:
-        return exposed_overhead(self.s_bytes, self.fit.w_bytes_per_s, self.fit.o_s, n_b)
+        return exposed_overhead(self.s_bytes, self.fit.w_bytes_per_s, self.o_s, n_b)
 
 
 def predict_overhead(
-    n_parameters: int, largest_param_bytes: int | None, fit: LinkFit, sweep: list[StepRecord]
+    n_parameters: int, largest_param_bytes: int | None, fit: LinkFit, sweep: list[StepRecord],
+    backward_s: float | None = None,
 ) -> OverheadPrediction | str:
-    """Predicted optimum and per-bucket-size overheads, or why the model cannot be applied."""
-    if fit.o_s < 0:
-        return (
-            f"the fitted per-call cost is negative ({fit.o_s * 1e6:.3g} µs): below what these "
-            "payloads resolve, so the model's optimum is undefined"
-        )
+    """The closed form's optimum, and per bucket size of the sweep its closed form and, given a
+    measured backward, the recursion on the buckets actually built; or why the model cannot
+    be applied. A negative fitted ``o`` is used as 0 (:attr:`OverheadPrediction.o_s`)."""
+    if not n_parameters or n_parameters <= 0:
+        return f"no parameters to synchronise (got {n_parameters!r})"
     s = FLOAT32_BYTES * n_parameters
-    w, o = fit.w_bytes_per_s, fit.o_s
-    lower = largest_param_bytes if largest_param_bytes else 1.0
-    b_opt = optimal_bucket_bytes(s, w, o, lower)
-    rows = [(r, exposed_overhead(s, w, o, r.n_buckets)) for r in sweep if r.n_buckets]
-    n_b_opt = optimal_bucket_count(s, w, o)
+    # A negative intercept is a per-call cost below what the payloads resolve: taken as 0, the
+    # same rule as bucket_size_mb="auto" (cs336_systems/ddp/auto_bucket.py).
+    w, o = fit.w_bytes_per_s, max(fit.o_s, 0.0)
+    rows = []
+    for r in sweep:
+        if not r.n_buckets:
+            continue
+        wait = (predicted_wait(r.bucket_bytes, backward_s, w, o)
+                if backward_s and r.bucket_bytes else None)
+        rows.append(BucketPrediction(r, exposed_overhead(s, w, o, r.n_buckets), r.n_buckets * o + s / w, wait))
     return OverheadPrediction(
         s_bytes=s,
         largest_param_bytes=largest_param_bytes,
         fit=fit,
-        n_b_opt=n_b_opt,
-        b_unconstrained_bytes=s / n_b_opt,
-        t_unconstrained_s=minimum_exposed_overhead(s, w, o),
-        b_opt_bytes=b_opt,
-        t_opt_s=exposed_overhead(s, w, o, s / b_opt),
+        o_s=o,
+        backward_s=backward_s,
+        n_b_opt=optimal_bucket_count(s, w, o),
+        b_opt_bytes=optimal_bucket_bytes(s, w, o, largest_param_bytes or 1.0),
+        t_opt_s=minimum_exposed_overhead(s, w, o),
         rows=rows,
     )

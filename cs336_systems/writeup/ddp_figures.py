@@ -12,7 +12,6 @@ from typing import Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from cs336_systems.units import MB
 from cs336_systems.bench.stats import paired_median
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.writeup.ddp_analysis import OverheadPrediction
@@ -111,32 +110,40 @@ def bucket_sweep_figure(sweep: Sequence[StepRecord], references: dict[str, StepR
 def overhead_model_figure(
     prediction: OverheadPrediction, torch_ddp: StepRecord | None, title: str, path: Path
 ) -> Path:
-    """Measured exposed overhead of the sweep beside the model's T(n_b), against the bucket count.
+    """The sweep against the bucket cap: measured exposed overhead (paired 95% intervals), measured
+    wait after backward, the recursion's predicted wait, and the closed form at the buckets built.
 
-    The x axis is the bucket count, not the bucket cap: the model speaks of ``n_b`` equal
-    buckets, and a cap larger than all gradients gives one bucket whatever its value.
+    torch's DDP (25 MB buckets) is drawn at 25 MB with its own legend entry; the y axis starts at 0
+    (below it only to show a negative median, which noise can give).
     """
     p = prediction
-    fig = Figure(figsize=(7.0, 4.2))
-    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.12, top=0.92)
+    fig = Figure(figsize=(7.5, 5.0))
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.27, top=0.93)
     ax = fig.subplots()
-    n_b = np.array([r.n_buckets for r, _ in p.rows], dtype=float)
-    measured = np.array([r.exposed_overhead_s for r, _ in p.rows]) * 1e3
-    ax.plot(n_b, measured, "o", color="black", label="measured exposed overhead (bucketed)")
-    for (r, _), x, y in zip(p.rows, n_b, measured):
-        ax.annotate(f"{r.bucket_size_mb:g} MB", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.plot(n_b, [t * 1e3 for _, t in p.rows], "s", color="tab:red",
-            label="model T(n_b) at the measured bucket counts")
-    most = p.s_bytes / p.largest_param_bytes if p.largest_param_bytes else max(n_b.max(), p.n_b_opt) * 2
-    counts = np.geomspace(1.0, max(most, n_b.max(), 2.0), 200)
-    ax.plot(counts, [p.predict(c) * 1e3 for c in counts], "-", color="tab:red", alpha=0.35, label="model T(n_b)")
-    ax.axvline(p.s_bytes / p.b_opt_bytes, color="tab:green", ls=":",
-               label=f"model optimum (buckets of {p.b_opt_bytes / MB:.3g} MB)")
-    if torch_ddp is not None and torch_ddp.n_buckets:
-        ax.plot([torch_ddp.n_buckets], [torch_ddp.exposed_overhead_s * 1e3], "D", color="tab:purple",
-                label="measured exposed overhead (torch DDP)")
-    ax.set(xscale="log", xlabel="number of buckets n_b", ylabel="time after backward (ms)", title=title)
-    ax.margins(x=0.08)  # room for the bucket-size labels of the outermost points
+    records = [row.record for row in p.rows]
+    x = np.array([r.bucket_size_mb for r in records], dtype=float)
+    exposed = np.array([r.exposed_overhead_s for r in records]) * 1e3
+    intervals = [r.exposed_overhead_ci95_s for r in records]
+    bars = (error_bars(exposed, np.array([lo for lo, _ in intervals]) * 1e3, np.array([hi for _, hi in intervals]) * 1e3)
+            if all(intervals) else None)
+    ax.errorbar(x, exposed, yerr=bars, fmt="o", capsize=3, color="black",
+                label="measured exposed overhead (step − compute-only; bars: 95% interval)")
+    waits = [(xi, r.median_sync_s * 1e3) for xi, r in zip(x, records) if r.median_sync_s is not None]
+    if waits:
+        ax.plot(*zip(*waits), "s", color="tab:gray", label="measured wait after backward")
+    predicted = [(xi, row.wait_s * 1e3) for xi, row in zip(x, p.rows) if row.wait_s is not None]
+    if predicted:
+        ax.plot(*zip(*predicted), "^-", color="tab:red", label="predicted wait (recursion, buckets as built)")
+    ax.plot(x, [row.closed_form_s * 1e3 for row in p.rows], "v", color="tab:red", fillstyle="none",
+            label="closed form o n_b + s/(w n_b) at the buckets built")
+    ax.plot(x, [row.channel_s * 1e3 for row in p.rows], "x--", color="tab:green",
+            label="channel busy time n_b o + s/w (nothing hidden)")
+    if torch_ddp is not None:
+        ax.plot([25.0], [torch_ddp.exposed_overhead_s * 1e3], "D", color="tab:purple",
+                label="torch DDP, measured exposed overhead (25 MB buckets)")
+    ax.set(xscale="log", xlabel="bucket cap (MB)", ylabel="time per step (ms)", title=title)
+    ax.set_ylim(bottom=min(0.0, float(exposed.min()) * 1.1))  # from 0, lower only for a negative median
+    ax.margins(x=0.08)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=7, loc="lower center", ncols=2)  # below: bars stay visible
     return save(fig, path)

@@ -1,16 +1,19 @@
 """Problem 6b: the bucketed-DDP overhead model, derived, fitted to our all-reduce runs, and checked.
 
 The derivation is prose and algebra (no numbers); everything after it is computed from the
-``allreduce*.json`` fits and the ``ddp_step*.json`` bucket sweep of the same machine.
+``allreduce*.json`` fits (overhead_fit.py), the naive variant's backward in ``profile.json`` and
+the ``ddp_step*.json`` bucket sweep of the same machine and workload.
 """
 
 from __future__ import annotations
 
-from cs336_systems.writeup import fmt
-from cs336_systems.writeup.allreduce_analysis import CommGroup, LinkFit, comm_groups, fit_group
-from cs336_systems.bench.allreduce.record import AllReduceRecord
+import statistics
+
+from cs336_systems.bench.profile.record import ProfileRecord
 from cs336_systems.bench.step.record import StepRecord
-from cs336_systems.bench.step.variants import COMPUTE_ONLY, TORCH_DDP
+from cs336_systems.bench.step.variants import TORCH_DDP
+from cs336_systems.writeup import fmt
+from cs336_systems.writeup.allreduce_analysis import LinkFit
 from cs336_systems.writeup.context import RenderContext, Section
 from cs336_systems.writeup.coverage import CPU, GPU, not_measured_notes
 from cs336_systems.writeup.ddp_analysis import (
@@ -24,263 +27,238 @@ from cs336_systems.writeup.ddp_analysis import (
 )
 from cs336_systems.writeup.ddp_figures import overhead_model_figure
 from cs336_systems.writeup.load import MachineResults, ResultsFile
+from cs336_systems.writeup.overhead_derivation import DERIVATION
+from cs336_systems.writeup.overhead_fit import GroupFit, fit_part, machine_fits
 from cs336_systems.writeup.step_tables import ddp_setting_line, step_not_measured
 
-DERIVATION = r"""### Derivation
-
-Let $s$ be the bytes of gradient all-reduced per step, split into $n_b$ buckets of $s/n_b$ bytes
-each. Model one all-reduce of $b$ bytes as taking $o + b/w$: a fixed cost $o$ per call, plus the
-bytes moved at bandwidth $w$. Calls share one communication channel and run one at a time, so a
-bucket that becomes ready while an earlier call is still running waits for it. Finally, assume
-backward produces one bucket's gradients in exactly the time the channel needs to move them,
-
-$$
-c = \frac{s}{w\,n_b},
-$$
-
-so bucket $k$ ($k = 1, \dots, n_b$) is ready at $r_k = k\,c$, and backward ends when the last one
-is, at $r_{n_b} = n_b\,c = s/w$.
-
-Call $f_k$ the time at which bucket $k$'s all-reduce finishes. It starts once the bucket is ready
-and the channel is free, and then takes $o + c$:
-
-$$
-f_k = \max(r_k,\, f_{k-1}) + o + c, \qquad f_0 = 0 .
-$$
-
-We show $f_k = (k+1)\,c + k\,o$. For $k = 1$ the channel is free, so $f_1 = c + o + c$. If the
-formula holds for $k$, bucket $k+1$ is ready at $(k+1)\,c \le f_k$ (as $o \ge 0$): it waits for the
-channel, and $f_{k+1} = f_k + o + c = (k+2)\,c + (k+1)\,o$. The channel therefore runs behind
-backward by the per-call costs accumulated so far, and the last bucket finishes at
-
-$$
-f_{n_b} = n_b \cdot \frac{s}{w\,n_b} + n_b\,o + \frac{s}{w\,n_b} .
-$$
-
-Backward ended at $s/w$, so the overhead left exposed after backward is
-
-$$
-T(n_b) = f_{n_b} - \frac{s}{w} = o\,n_b + \frac{s}{w\,n_b} .
-$$
-
-The first term grows with the number of buckets: every call pays $o$ and none of it gets hidden.
-The second, the transfer of the last bucket, which cannot start before backward ends, shrinks
-with it. One bucket ($n_b = 1$) gives $o + s/w$, one flat all-reduce after backward.
-
-Treating $n_b$ as a real number, the overhead is smallest where its derivative vanishes,
-
-$$
-\frac{dT}{dn_b} = o - \frac{s}{w\,n_b^2} = 0
-\quad\Longrightarrow\quad
-n_b^{\ast} = \sqrt{\frac{s}{w\,o}} ,
-$$
-
-a minimum since $d^2T/dn_b^2 = 2s/(w\,n_b^3) > 0$. The matching bucket size and overhead are
-
-$$
-b^{\ast} = \frac{s}{n_b^{\ast}} = \sqrt{s\,w\,o} ,
-\qquad
-T(n_b^{\ast}) = o\sqrt{\frac{s}{w\,o}} + \frac{s}{w}\sqrt{\frac{w\,o}{s}} = 2\sqrt{\frac{s\,o}{w}} ,
-$$
-
-where the two terms are equal. Two limits bound the choice. A parameter is never split between
-buckets, so no bucket is smaller than the largest parameter, $p_{\max}$ bytes; and one bucket with
-all $s$ bytes is the largest possible. Written in the bucket size $b = s/n_b$, the overhead
-$T = o\,s/b + b/w$ is convex in $b$, so the best feasible size is the clamped one:
-
-$$
-b_{\mathrm{opt}} = \min\!\bigl(\max\bigl(\sqrt{s\,w\,o},\; p_{\max}\bigr),\; s\bigr) .
-$$"""
+RATIO_BAND = 0.30  # predicted / measured within 1 ± this counts as the model holding
+WORKLOAD_KEYS = ("model_size", "context_length", "global_batch")  # what a profile must share with a step run
 
 
-def _fit_table(groups: dict[CommGroup, list[AllReduceRecord]], fits: dict[CommGroup, LinkFit | str]) -> str:
-    rows = []
-    for group, records in groups.items():
-        fit = fits[group]
-        sizes = ", ".join(fmt.size_mb(r.payload_mb) for r in records)
-        if isinstance(fit, str):
-            rows.append([group.backend, group.device_type, group.world_size, sizes, "–", "–", "–",
-                         f"no fit: {fit}"])
-            continue
-        largest = records[-1]
-        rows.append([group.backend, "gloo ranks sharing one GPU" if group.shared_gpu else group.device_type,
-                     group.world_size, sizes, fmt.us(fit.o_s), fmt.gbps(fit.w_bytes_per_s), fmt.sig(fit.r2, 4),
-                     f"{fmt.sig(largest.algbw_gbps)} at {fmt.size_mb(largest.payload_mb)} MB"])
-    return fmt.table(["backend", "device", "ranks", "payloads fitted (MB)", "o (µs)", "w (GB/s)", "R²",
-                      "measured algbw at the largest payload (GB/s)"], rows, align="llrlrrrl")
-
-
-def _machine_fits(machine: MachineResults) -> dict[CommGroup, LinkFit | str]:
-    fits: dict[CommGroup, LinkFit | str] = {}
-    for results in machine.runs(AllReduceRecord.KIND):
-        for group, records in comm_groups(results.records).items():
-            fits.setdefault(group, fit_group(records))
-    return fits
-
-
-def _fit_part(ctx: RenderContext) -> list[str]:
-    out = ["### Fitting $o$ and $w$ to the all-reduce benchmark", "",
-           "Least squares on median time $= o + \\text{bytes}/w$ over the measured payloads of each backend and "
-           "world size, each residual taken relative to its measured time: the payloads span decades, and with "
-           "plain residuals the largest payload's run-to-run noise would swamp a per-call cost of about a "
-           "millisecond (`cs336_systems/ddp/overhead_model.py`). $w$ is bytes of payload per second of one all-reduce "
-           "(like algbw, not busbw)."]
-    for machine, results in ctx.inputs.runs(AllReduceRecord.KIND):
-        groups = comm_groups(results.records)
-        fits = {g: fit_group(rs) for g, rs in groups.items()}
-        out += ["", fmt.run_heading(machine, results).replace("###", "####"), "",
-                fmt.setting_line(results.environment, results.source), "", _fit_table(groups, fits) if groups else
-                "No measured payloads to fit."]
-    return out
-
-
-def _prediction_table(p: OverheadPrediction, torch_ddp: StepRecord | None) -> str:
-    rows = [[r.variant, fmt.size_mb(r.bucket_size_mb), r.n_buckets, fmt.ms(t),
-             fmt.ms(r.exposed_overhead_s), fmt.ratio(r.exposed_overhead_s / t)] for r, t in p.rows]
-    if torch_ddp is not None and torch_ddp.n_buckets:
-        t = p.predict(torch_ddp.n_buckets)
-        rows.append([torch_ddp.variant, "torch default", torch_ddp.n_buckets, fmt.ms(t),
-                     fmt.ms(torch_ddp.exposed_overhead_s), fmt.ratio(torch_ddp.exposed_overhead_s / t)])
-    return fmt.table(["variant", "bucket cap (MB)", "buckets n_b (measured)", "model T(n_b) (ms)",
-                      "measured exposed overhead (ms)", "measured / model"], rows)
-
-
-# Backward's matmuls cost about twice forward's, so backward is usually the larger part of a step: a
-# compute-only step at least this many times s/w points to a backward slower than the channel.
-SLOWER_BACKWARD_STEP_RATIO = 2.0
-
-
-def _backward_pace(step_over_transfer: float, ratios: list[float]) -> str:
-    """What the compute-only step says about the model's "backward as fast as the channel" assumption."""
-    if step_over_transfer >= SLOWER_BACKWARD_STEP_RATIO:
-        text = ("If backward is most of that step, it is slower than the channel: buckets find the channel idle, "
-                "and the queued $o\\,n_b$ term overstates that part of the cost")
-        if min(ratios) > 1:
-            return text + "; every measured point is nonetheless above the model, so the other effects listed " \
-                          "here outweigh it."
-        return text + "."
-    if step_over_transfer < 1:
-        return ("Backward, shorter than that whole step, is faster than the channel: the queue grows faster than "
-                "the model's, and the model understates that part of the cost.")
-    return "From the step time alone it cannot be told whether backward is slower or faster than the channel."
-
-
-def _discussion(p: OverheadPrediction, results: ResultsFile) -> str:
-    variants = by_variant(results.records)
-    ratios = [r.exposed_overhead_s / t for r, t in p.rows]
-    best_measured = min((r for r, _ in p.rows), key=lambda r: r.exposed_overhead_s)
-    best_model = min(p.rows, key=lambda rt: rt[1])[0]
-    backward_s = p.s_bytes / p.fit.w_bytes_per_s
-    sentences = [
-        f"Across the sweep the measured exposed overhead is {fmt.ratio(min(ratios))} to {fmt.ratio(max(ratios))} "
-        "the model's prediction.",
-        f"Among the sizes tried, the model ranks {fmt.size_mb(best_model.bucket_size_mb)} MB best and the "
-        f"measurement {fmt.size_mb(best_measured.bucket_size_mb)} MB "
-        f"({fmt.ms(best_measured.exposed_overhead_s)} ms exposed).",
-    ]
-    flat = variants.get("flat")
-    if flat and flat.median_sync_s:
-        one_call = p.fit.o_s + backward_s
-        sentences.append(
-            f"The fit predicts one all-reduce of all {fmt.mb(p.s_bytes)} MB at $o + s/w$ = {fmt.ms(one_call)} ms; "
-            f"flat DDP's measured all-reduce phase takes {fmt.ms(flat.median_sync_s)} ms "
-            f"({fmt.ratio(flat.median_sync_s / one_call)} the prediction from all-reduces timed on their own)."
-        )
-    floor = variants.get(COMPUTE_ONLY)
-    reasons = [
-        "What is measured is the whole step's slowdown against the compute-only step: it also counts any slowing "
-        "of forward, backward and the optimizer by communication running beside them, where the model counts only "
-        "the time after backward."
-    ]
-    if floor:
-        compute = floor.median_step_s
-        reasons.append(
-            f"The model takes backward to last $s/w$ = {fmt.ms(backward_s)} ms, producing gradients exactly as fast "
-            "as they are sent; the whole compute-only step (forward, backward, optimizer) here takes "
-            f"{fmt.ms(compute)} ms, {fmt.ratio(compute / backward_s)} that. "
-            + _backward_pace(compute / backward_s, ratios)
-        )
-    env = results.environment
-    if env.device_type == "cpu" and env.cpu_count:
-        reasons.append(
-            f"On this CPU machine the {env.world_size} ranks and gloo's communication threads share {env.cpu_count} "
-            "logical cores, so an all-reduce running during backward takes cores from it: communication and compute "
-            "compete instead of overlapping for free."
-        )
-    reasons.append(
-        "The model also leaves out copying gradients into each bucket's buffer and back (a pass over all $s$ "
-        "bytes per step, whatever $n_b$), the per-parameter hook work, and the noise left in the measured "
-        "overhead (a median of per-round differences, step minus compute-only step: see its 95% interval)."
-    )
-    return " ".join(sentences) + "\n\n" + "\n".join(f"- {r}" for r in reasons)
-
-
-def _run_fit(machine: MachineResults, results: ResultsFile) -> LinkFit | str | None:
+def _run_fit(machine: MachineResults, results: ResultsFile) -> GroupFit | None:
     """The machine's fit for the run's backend, device, world size and GPU sharing (None: not measured)."""
     env = results.environment
-    for group, fit in _machine_fits(machine).items():
-        if (group.backend, group.device_type, group.world_size, group.shared_gpu) == (
+    for g in machine_fits(machine):
+        if (g.group.backend, g.group.device_type, g.group.world_size, g.group.shared_gpu) == (
                 env.backend, env.device_type, env.world_size, env.shared_gpu):
-            return fit
+            return g
     return None
+
+
+def profiled_backward(machine: MachineResults, results: ResultsFile) -> tuple[float, float | None, str] | None:
+    """(backward alone, backward beside per-parameter DDP's all-reduces, the profile's source), medians
+    over the profiled steps of the same machine, backend, ranks and workload; None without one."""
+    env = results.environment
+    for f in machine.runs(ProfileRecord.KIND):
+        fe = f.environment
+        if (fe.backend, fe.device_type, fe.world_size) != (env.backend, env.device_type, env.world_size):
+            continue
+        if any(f.setting.get(k) != results.setting.get(k) for k in WORKLOAD_KEYS):
+            continue
+        by = {r.variant: r for r in f.records}
+        if "naive" not in by:
+            continue
+        seconds = {v: statistics.median(t.backward_us for t in r.timelines) * 1e-6 for v, r in by.items()}
+        return seconds["naive"], seconds.get("per-parameter"), f.source
+    return None
+
+
+def _in_band(ratio: float) -> bool:
+    return abs(ratio - 1) <= RATIO_BAND
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b is not None and b > 0 else None
+
+
+def _prediction_table(p: OverheadPrediction) -> str:
+    rows = []
+    for row in p.rows:
+        r = row.record
+        last = r.bucket_bytes[-1] if r.bucket_bytes else None
+        wait_ratio, channel_ratio = _ratio(row.wait_s, r.median_sync_s), _ratio(row.channel_s, r.exposed_overhead_s)
+        gap = None if r.median_sync_s is None else r.exposed_overhead_s - r.median_sync_s
+        rows.append([r.variant, fmt.size_mb(r.bucket_size_mb), r.n_buckets, fmt.mb(last), fmt.ms(row.closed_form_s),
+                     fmt.ms(row.wait_s), fmt.ms(r.median_sync_s), fmt.ratio(wait_ratio) if wait_ratio else "–",
+                     fmt.ms(row.channel_s), fmt.ms(r.exposed_overhead_s), fmt.ms_interval(r.exposed_overhead_ci95_s),
+                     fmt.ratio(channel_ratio) if channel_ratio else "–", fmt.ms(gap)])
+    return fmt.table(["variant", "bucket cap (MB)", "buckets n_b", "last bucket (MB)", "closed form T(n_b) (ms)",
+                      "recursion: predicted wait after backward (ms)", "measured wait after backward (ms)",
+                      "predicted / measured wait", "channel busy, n_b o + s/w (ms)", "measured exposed overhead (ms)",
+                      "its 95% interval (ms)", "channel busy / measured exposed", "exposed − wait (ms)"], rows)
+
+
+def _band_sentence(what: str, ratios: list[tuple[StepRecord, float]]) -> str:
+    if not ratios:
+        return ""
+    values = [v for _, v in ratios]
+    outside = [f"{fmt.size_mb(r.bucket_size_mb)} MB ({fmt.ratio(v)})" for r, v in ratios if not _in_band(v)]
+    text = f"{what} runs from {fmt.ratio(min(values))} to {fmt.ratio(max(values))}: "
+    if not outside:
+        return text + f"within ±{fmt.pct(RATIO_BAND, 2)} at every bucket size of the sweep."
+    return text + f"outside ±{fmt.pct(RATIO_BAND, 2)} at " + ", ".join(outside) + "."
+
+
+def cores_shared(results: ResultsFile) -> bool:
+    """Whether compute leaves no core idle for gloo's threads (CPU, ranks x threads >= cores)."""
+    env, threads = results.environment, results.notes.get("threads_per_rank")
+    return env.device_type == "cpu" and bool(env.cpu_count and threads) and env.world_size * threads >= env.cpu_count
+
+
+def _regime(p: OverheadPrediction) -> str:
+    if p.backward_s is None:
+        return ""
+    slower = [row for row in p.rows if p.backward_s >= row.channel_s]
+    channels = [row.channel_s for row in p.rows]
+    span = f"{fmt.ms(min(channels))} to {fmt.ms(max(channels))} ms"
+    if len(slower) == len(p.rows):
+        return (f"**Compute-bound here**: backward computes for {fmt.ms(p.backward_s)} ms, longer than the channel "
+                f"needs for all buckets ($n_b\\,o + s/w$: {span} over the sweep), so each bucket finds the channel "
+                "free or nearly, and the predicted wait is about the last bucket's own transfer.")
+    if not slower:
+        return (f"**Communication-bound here**: backward computes for {fmt.ms(p.backward_s)} ms, less than the "
+                f"channel needs for all buckets ($n_b\\,o + s/w$: {span}), so buckets queue behind each other.")
+    return (f"Backward computes for {fmt.ms(p.backward_s)} ms against a channel busy for {span}: compute-bound at "
+            f"{len(slower)} of the {len(p.rows)} bucket sizes, communication-bound at the others.")
+
+
+def _left_out(p: OverheadPrediction, results: ResultsFile, backward: tuple[float, float | None, str] | None) -> list[str]:
+    """What the model leaves out, each with the measurement that sizes it."""
+    reasons = []
+    env, threads = results.environment, results.notes.get("threads_per_rank")
+    gaps = [row.record.exposed_overhead_s - row.record.median_sync_s for row in p.rows
+            if row.record.median_sync_s is not None]
+    if gaps:
+        text = ("**Compute slowed by the communication beside it.** The recursion predicts the wait after backward; "
+                "the exposed overhead is the whole step against the compute-only step, so it also counts forward, "
+                "backward and the optimizer step running slower while all-reduces run beside them: *exposed − wait*, "
+                f"from {fmt.ms(min(gaps))} to {fmt.ms(max(gaps))} ms over the sweep.")
+        if cores_shared(results):
+            text += (f" Here {env.world_size} ranks × {threads} compute thread{'s' if threads != 1 else ''} fill the "
+                     f"{env.cpu_count} cores and gloo reduces on CPU threads, so an all-reduce during backward is not "
+                     "hidden: it takes its core time from backward. The step then pays about the channel's whole busy "
+                     "time, $n_b\\,o + s/w$, whatever the bucketing: the *channel busy* column.")
+        reasons.append(text)
+    behind = [(row.record, row.record.median_sync_s - row.wait_s) for row in p.rows
+              if row.wait_s is not None and row.record.median_sync_s and not _in_band(row.wait_s / row.record.median_sync_s)
+              and row.record.median_sync_s > row.wait_s]
+    if behind:
+        reasons.append(
+            "**A channel busier at the end of backward than the recursion expects.** The measured wait is longer "
+            "than the recursion's by " + ", ".join(f"{fmt.ms(extra)} ms at {fmt.size_mb(r.bucket_size_mb)} MB" for r, extra in behind)
+            + ": more was still on the channel when backward ended. It ran slower during backward than timed alone "
+            "(sharing the cores with it), and the last gradients come closer together than a constant byte rate "
+            "says (an embedding's gradient is large but costs backward no matmul).")
+    if backward and backward[1] is not None:
+        alone, beside, source = backward
+        text = (f"The profiler (`{source}`) shows backward computing for {fmt.ms(alone)} ms with nothing beside it "
+                f"(naive DDP) and for {fmt.ms(beside)} ms beside per-parameter DDP's all-reduces "
+                f"({fmt.ratio(beside / alone)})")
+        if beside < alone:
+            text += (": shorter with more to do, which only drift between the two profiled runs (profiled one "
+                     "after the other, not interleaved) explains, so the profile does not size this effect here.")
+        else:
+            text += f", {fmt.ms(beside - alone)} ms lost to the communication beside it."
+        reasons.append(text)
+    flat = by_variant(results.records).get("flat")
+    if flat and flat.median_sync_s:
+        alone_s = p.o_s + p.s_bytes / p.fit.w_bytes_per_s
+        copies = (statistics.median(flat.pack_times_s) + statistics.median(flat.unpack_times_s)
+                  if flat.pack_times_s and flat.unpack_times_s else None)
+        text = (f"**The channel inside a step against the channel timed alone.** Flat DDP's one all-reduce of all "
+                f"{fmt.mb(p.s_bytes)} MB after backward (nothing computing beside it) takes {fmt.ms(flat.median_sync_s)} "
+                f"ms against $o + s/w$ = {fmt.ms(alone_s)} ms from all-reduces timed on their own "
+                f"({fmt.ratio(flat.median_sync_s / alone_s)})")
+        if copies is not None:
+            text += (f"; {fmt.ms(copies)} ms of it are its copies into the flat buffer and back (timed beside its "
+                     f"steps), leaving {fmt.ms(flat.median_sync_s - copies)} ms for the all-reduce "
+                     f"({fmt.ratio((flat.median_sync_s - copies) / alone_s)})")
+        reasons.append(text + ".")
+    return reasons
 
 
 def _prediction_part(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> tuple[list[str], list]:
     env, setting = results.environment, results.setting
-    backend, device, world_size = env.backend, env.device_type, env.world_size
     out = ["", fmt.run_heading(machine, results).replace("###", "####"), "", ddp_setting_line(results)]
-    if world_size == 1:
+    if env.world_size == 1:
         return out + ["", "One rank communicates nothing: there is no overhead to model in this run."], []
-    fit = _run_fit(machine, results)
-    if fit is None:
-        command = GPU.command if device == "cuda" else CPU.command
-        return out + ["", f"The all-reduce benchmark on `{machine.tag}` has no {backend} line with {world_size} "
-                          f"ranks on {device}: **not measured here**; `{command}` fills it."], []
-    if isinstance(fit, str):
-        return out + ["", f"No fit for {backend} with {world_size} ranks: {fit}."], []
-    n_parameters = results.notes.get("n_parameters")
-    sweep = bucket_sweep(results.records)
+    g = _run_fit(machine, results)
+    if g is None:
+        command = GPU.command if env.device_type == "cuda" else CPU.command
+        return out + ["", f"The all-reduce benchmark on `{machine.tag}` has no {env.backend} line with "
+                          f"{env.world_size} ranks on {env.device_type}: **not measured here**; `{command}` fills it."], []
+    if isinstance(g.fit, str):
+        return out + ["", f"No fit for {env.backend} with {env.world_size} ranks: {g.fit}."], []
+    n_parameters, sweep = results.notes.get("n_parameters"), bucket_sweep(results.records)
     if not n_parameters or not sweep:
         return out + ["", "This run lacks the parameter count or a bucket sweep; nothing to predict."], []
     model_size = setting.get("model_size", "")
     p_max = largest_parameter_bytes(model_size, setting.get("context_length"))
-    prediction = predict_overhead(n_parameters, p_max, fit, sweep)
-    if isinstance(prediction, str):
-        return out + ["", f"No prediction: {prediction}."], []
-    p = prediction
-    torch_ddp = by_variant(results.records).get(TORCH_DDP)
+    backward = profiled_backward(machine, results)
+    p = predict_overhead(n_parameters, p_max, g.fit, sweep, backward[0] if backward else None)
+    if isinstance(p, str):
+        return out + ["", f"No prediction: {p}."], []
+    fit, iv = g.fit, g.intervals
+    spread = lambda pair, show, unit: f" (95% interval {show(pair[0])} to {show(pair[1])} {unit})"  # noqa: E731
     out += ["",
-            f"- $s$ = {FLOAT32_BYTES} bytes × {n_parameters} parameters = {fmt.mb(p.s_bytes)} MB; "
-            + (f"$p_{{\\max}}$ = {fmt.mb(p_max)} MB (largest parameter of model `{model_size}`)."
-               if p_max else "largest parameter unknown (model size not in `cs336_basics.model`)."),
-            f"- fit for {backend}, {world_size} ranks on {device}: $o$ = {fmt.us(fit.o_s)} µs, $w$ = "
-            f"{fmt.gbps(fit.w_bytes_per_s)} GB/s ($R^2$ = {fmt.sig(fit.r2, 4)}).",
-            f"- $n_b^\\ast = \\sqrt{{s/(w\\,o)}}$ = {fmt.sig(p.n_b_opt)}; "
-            f"$\\sqrt{{s\\,w\\,o}}$ = {fmt.mb(p.b_unconstrained_bytes)} MB; clamped to $[p_{{\\max}}, s]$: "
-            f"$b_{{\\mathrm{{opt}}}}$ = **{fmt.mb(p.b_opt_bytes)} MB**, predicted exposed overhead "
-            f"{fmt.ms(p.t_opt_s)} ms (unclamped minimum $2\\sqrt{{s\\,o/w}}$ = "
-            f"{fmt.ms(p.t_unconstrained_s)} ms).",
-            "", _prediction_table(p, torch_ddp)]
+            f"- $s$ = {FLOAT32_BYTES} bytes × {n_parameters} parameters = {fmt.mb(p.s_bytes)} MB"
+            + (f"; the largest parameter of `{model_size}` is $p_{{\\max}}$ = {fmt.mb(p_max)} MB." if p_max else "."),
+            f"- fit for {env.backend}, {env.world_size} ranks on {env.device_type}: $o$ = {fmt.us(fit.o_s)} µs"
+            + (spread(iv.o_s, fmt.us, "µs") if iv else "") + f", $w$ = {fmt.gbps(fit.w_bytes_per_s)} GB/s"
+            + (spread(iv.w_bytes_per_s, fmt.gbps, "GB/s") if iv else "") + "."
+            + (" The fitted $o$ is negative, a per-call cost below what these payloads resolve: the model uses "
+               "$o$ = 0, as `bucket_size_mb=\"auto\"` does." if fit.o_s < 0 else ""),
+            f"- closed form: $n_b^\\ast$ = {fmt.sig(p.n_b_opt)}, $b_{{\\mathrm{{opt}}}} = \\min(\\sqrt{{s\\,w\\,o}}, s)$ = "
+            f"**{fmt.mb(p.b_opt_bytes)} MB**, $T(n_b^\\ast) = 2\\sqrt{{s\\,o/w}}$ = {fmt.ms(p.t_opt_s)} ms.",
+            "- backward: " + (f"{fmt.ms(backward[0])} ms, the naive variant's backward (no communication beside it), "
+                              f"median over its profiled steps in `{backward[2]}`." if backward else
+                              "no profile of this workload on this machine, so the recursion has no $B$: "
+                              f"**not measured here**; `{CPU.command if env.device_type == 'cpu' else GPU.command}` "
+                              "fills it."),
+            "", _regime(p), "",
+            "The recursion runs on each variant's buckets as built (payloads in launch order, recorded by the step "
+            "benchmark); *measured wait after backward* is the median time in `finish_gradient_synchronization`, the "
+            "quantity the model predicts; *exposed overhead* is the step minus the compute-only step of the same "
+            "round (median, with its 95% interval).", "", _prediction_table(p)]
+    torch_ddp = by_variant(results.records).get(TORCH_DDP)
     path = overhead_model_figure(p, torch_ddp, f"overhead model vs bucket sweep on {machine.tag}",
                                  ctx.figure_path(f"{machine.tag}_{results.name}_overhead_model.png"))
+    waits = [(row.record, row.wait_s / row.record.median_sync_s) for row in p.rows
+             if row.wait_s is not None and row.record.median_sync_s]
+    channel = [(row.record, row.channel_s / row.record.exposed_overhead_s) for row in p.rows
+               if row.record.exposed_overhead_s > 0]
+    sentences = [s for s in (_band_sentence("Predicted / measured wait after backward", waits),
+                             _band_sentence("Channel busy time / measured exposed overhead", channel)) if s]
     out += ["", ctx.image(path, f"overhead model against the measured bucket sweep on {machine.tag}"), "",
-            _discussion(p, results)]
+            " ".join(sentences), "", "What the model leaves out, measured:", "",
+            *[f"- {r}" for r in _left_out(p, results, backward)]]
     return out, [path]
+
+
+def _regimes_note(ctx: RenderContext) -> str:
+    """The communication-bound regime, where no run measures it."""
+    gpu_runs = [f for _, f in step_runs(ctx.inputs) if f.environment.device_type == "cuda" and f.environment.world_size > 1]
+    if gpu_runs:
+        return ""
+    return ("- Communication-bound regime (a GPU's backward far faster than gloo ranks sharing one GPU, or NCCL "
+            f"between GPUs): **not measured here**; `{GPU.command}` ({GPU.where}, or one GPU for the shared-GPU "
+            "run) fills it.")
 
 
 def overhead_model_section(ctx: RenderContext) -> Section:
     out = ["## ddp_bucketed_benchmarking (b): a model of the overhead, and the best bucket size", "", DERIVATION, ""]
-    out += _fit_part(ctx)
-    out += ["", "### Predicted against measured",
-            "", "For each DDP step run, the fit of the same backend and world size on the same machine, "
-                "$s$ from the run's parameter count, $n_b$ from the buckets each bucketed variant actually built."]
+    out += fit_part(ctx)
+    out += ["", "### Predicted against measured", "",
+            "For each DDP step run, the fit of the same backend and world size on the same machine, $s$ from the "
+            "run's parameter count, the buckets each bucketed variant built, and backward's length from the "
+            "profile of the same workload."]
     figures = []
     for machine, results in step_runs(ctx.inputs):
         lines, figs = _prediction_part(ctx, machine, results)
         out += lines
         figures += figs
-    notes = [not_measured_notes(ctx.inputs, AllReduceRecord.KIND, "Fit of $o$ and $w$ (all-reduce benchmark)"),
-             step_not_measured(ctx, "Bucket sweep to compare with (DDP step benchmark)")]
+    notes = [not_measured_notes(ctx.inputs, "allreduce", "Fit of $o$ and $w$ (all-reduce benchmark)"),
+             step_not_measured(ctx, "Bucket sweep to compare with (DDP step benchmark)"), _regimes_note(ctx)]
     notes = [n for n in notes if n]
     if notes:
         out += ["", "### Not measured here", "", *notes]

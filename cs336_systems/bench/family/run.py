@@ -1,0 +1,144 @@
+"""Timing the family: for each model, the step benchmark's variants interleaved round by round.
+
+One process group runs every model in turn. For each, the variants wrap one module and one
+optimizer, as in the step benchmark (``cs336_systems/bench/step``), whose variant builder and
+training step are reused here: each step starts after a barrier and its time is the slowest
+rank's; round ``r`` times every variant once, the order rotated by ``r``. ``bucketed-auto`` is
+warmed up through its tuning steps (BucketedDDP's docstring says how many) before the usual
+warm-up, so its timed steps use the cap it kept, as a long training run would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from cs336_systems.bench.family.models import FAMILY, FamilyMember
+from cs336_systems.bench.family.record import FamilyRecord
+from cs336_systems.bench.family.setting import FamilySetting
+from cs336_systems.bench.stats import paired_median
+from cs336_systems.bench.step.run import _timed_step as timed_step
+from cs336_systems.bench.step.summarize import RawVariant, summarize
+from cs336_systems.bench.step.variants import AUTO, BUCKETED_PREFIX, COMPUTE_ONLY, TORCH_DDP, bucketed_name, build_variant
+from cs336_systems.bench.workload import Workload, shard_rows
+from cs336_systems.comm.timing import slowest_rank, small_tensor_device
+from cs336_systems.ddp import BucketedDDP
+from cs336_systems.ddp.auto_bucket import DEFAULT_BUCKET_BYTES
+from cs336_systems.launch import RankContext, run_ranks
+from cs336_systems.units import MB
+
+AUTO_VARIANT = BUCKETED_PREFIX + AUTO
+DEFAULT_VARIANT = bucketed_name(DEFAULT_BUCKET_BYTES / MB)
+FAMILY_VARIANTS = (COMPUTE_ONLY, AUTO_VARIANT, DEFAULT_VARIANT, TORCH_DDP)
+RANK_TIMEOUT_S = 600
+RUN_TIMEOUT_S = 3600
+
+
+@dataclass(frozen=True)
+class FamilyRun:
+    """A finished run, as one process sees it."""
+
+    records: list[FamilyRecord]  # one per model, in the order run
+    world_size: int
+    shared_gpu: bool  # ranks of a node took turns on one GPU
+    threads_per_rank: int
+    rank: int  # this process's rank: rank 0 writes
+
+
+def _workload(ctx: RankContext, member: FamilyMember, seed: int) -> Workload:
+    """The seeded model on ``ctx.device`` and this rank's rows of the seeded batch."""
+    torch.manual_seed(seed)
+    module = member.build().to(ctx.device)
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, member.vocab, (member.global_batch, member.context_length + 1), generator=g)
+    rows = shard_rows(member.global_batch, ctx.rank, ctx.world_size)
+    return Workload(None, module, data[rows, :-1].to(ctx.device), data[rows, 1:].to(ctx.device))  # type: ignore[arg-type]
+
+
+def _time_member(ctx: RankContext, member: FamilyMember, setting: FamilySetting) -> dict:
+    work = _workload(ctx, member, setting.seed)
+    optimizer = torch.optim.AdamW(work.module.parameters(), lr=1e-4)
+    variants, tuning_steps = {}, 0
+    for name in FAMILY_VARIANTS:
+        variant = build_variant(name, work.module, ctx)
+        while isinstance(variant.wrapper, BucketedDDP) and variant.wrapper.tuning:
+            timed_step(variant, optimizer, work, ctx.device)
+            tuning_steps += 1
+        for _ in range(setting.warmup_steps):
+            timed_step(variant, optimizer, work, ctx.device)
+        variants[name] = variant
+    steps = {name: [] for name in FAMILY_VARIANTS}
+    syncs = {name: [] for name in FAMILY_VARIANTS}
+    names = list(FAMILY_VARIANTS)
+    for r in range(setting.rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            step_s, sync_s = timed_step(variants[name], optimizer, work, ctx.device)
+            steps[name].append(step_s)
+            syncs[name].append(sync_s)
+    small = small_tensor_device(ctx.device, ctx.backend)
+    raw = []
+    for name in names:
+        wrapper = variants[name].wrapper
+        bucketed = isinstance(wrapper, BucketedDDP)
+        raw.append(RawVariant(
+            variant=name,
+            step_times_s=slowest_rank(steps[name], small),
+            sync_times_s=slowest_rank(syncs[name], small) if wrapper is not None else None,
+            allreduce_calls_per_step=wrapper.allreduce_calls_last_step if wrapper is not None else None,
+            n_buckets=len(wrapper.buckets) if bucketed else None,
+            bucket_cap_bytes=wrapper.bucket_cap_bytes if bucketed and math.isfinite(wrapper.bucket_cap_bytes) else None,
+            bucket_bytes=[b.buffer.payload_bytes for b in wrapper.buckets] if bucketed else None,
+        ))
+        if wrapper is not None:
+            wrapper.detach()
+    auto: BucketedDDP = variants[AUTO_VARIANT].wrapper  # type: ignore[assignment]
+    sizes = [p.numel() * p.element_size() for p in work.module.parameters() if p.requires_grad]
+    tuned = auto.tuning_result
+    assert tuned is not None and auto.calibration is not None and auto.model_cap_bytes is not None
+    return {
+        "raw": raw, "n_parameters": sum(p.numel() for p in work.module.parameters()), "n_tensors": len(sizes),
+        "gradient_bytes": sum(sizes), "largest_parameter_bytes": max(sizes),
+        "calibration": (auto.calibration.o_s, auto.calibration.w_bytes_per_s), "model_cap_bytes": auto.model_cap_bytes,
+        "caps": list(tuned.caps), "medians": [None if math.isnan(m) else m for m in tuned.median_s],
+        "chosen": tuned.chosen_cap, "tuning_steps": tuning_steps,
+    }
+
+
+def _family_rank(ctx: RankContext, setting: FamilySetting) -> dict:
+    threads = ctx.share_cpu_threads()
+    measured = {name: _time_member(ctx, FAMILY[name], setting) for name in setting.models}
+    return {"measured": measured, "world_size": ctx.world_size, "shared_gpu": ctx.shared_gpu, "threads": threads,
+            "rank": ctx.rank}
+
+
+def family_record(member: FamilyMember, m: dict) -> FamilyRecord:
+    """A model's record from what its ranks measured (the slowest rank's times)."""
+    records = summarize(m["raw"], member.global_batch * member.context_length)
+    by = {r.variant: r for r in records}
+    difference, interval = paired_median(by[AUTO_VARIANT].step_times_s, by[DEFAULT_VARIANT].step_times_s)
+    o, w = m["calibration"]
+    return FamilyRecord(
+        model=member.name, shape=member.shape, n_parameters=m["n_parameters"], n_tensors=m["n_tensors"],
+        gradient_bytes=m["gradient_bytes"], largest_parameter_bytes=m["largest_parameter_bytes"],
+        context_length=member.context_length, global_batch=member.global_batch, steps=records,
+        calibration_o_s=o, calibration_w_bytes_per_s=w, model_cap_bytes=m["model_cap_bytes"],
+        candidate_caps_bytes=m["caps"], candidate_median_s=m["medians"], chosen_cap_bytes=m["chosen"],
+        tuning_steps=m["tuning_steps"], auto_minus_default_s=difference,
+        auto_minus_default_ci95_s=list(interval) if interval else None,
+    )
+
+
+def run_family_benchmark(setting: FamilySetting) -> FamilyRun:
+    """Run the family: spawn the ranks here, or be one rank under torchrun/SLURM.
+
+    ValueError for a setting that cannot run (before any process starts); every rank returns
+    the same figures (slowest rank per step).
+    """
+    setting.validate()
+    results = run_ranks(_family_rank, setting.world_size, args=(setting,), backend=setting.backend,
+                        device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S)
+    mine = results[0]
+    records = [family_record(FAMILY[name], m) for name, m in mine["measured"].items()]
+    return FamilyRun(records, mine["world_size"], mine["shared_gpu"], mine["threads"], mine["rank"])
