@@ -46,6 +46,7 @@ def _steps_for(
     ablation: tuple[str, ...] | None,
     profile: tuple[str, ...],
     sharded: tuple[str, ...],
+    fsdp: tuple[str, ...],
     naive_steps: int,
 ) -> list[BenchStep]:
     steps = [
@@ -61,6 +62,7 @@ def _steps_for(
         BenchStep("profiler timelines", "scripts/profile_ddp.py", profile, f"{out}/{PROFILE_DIR}/profile.json"),
         BenchStep("sharded optimizer accounting", "scripts/bench_sharded_optimizer.py", sharded,
                   f"{out}/sharded_optimizer.json"),
+        BenchStep("FSDP beside DDP, ZeRO-1 and torch's FSDP", "scripts/bench_fsdp.py", fsdp, f"{out}/fsdp_step.json"),
     ]
     return steps
 
@@ -80,6 +82,7 @@ def cpu_suite(out: Path) -> list[BenchStep]:
         ablation=(*CPU_DDP, "--rounds", "32", "--steps-per-round", "1"),
         profile=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
         sharded=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
+        fsdp=(*CPU_DDP, "--rounds", "6", "--steps-per-round", "1"),
         naive_steps=10,
     )
 
@@ -94,6 +97,7 @@ def quick_suite(out: Path) -> list[BenchStep]:
         ablation=(*tiny, "--global-batch", "4", "--rounds", "1", "--steps-per-round", "1"),
         profile=(*tiny, "--global-batch", "4"),
         sharded=(*tiny, "--global-batch", "4", "--steps", "2"),
+        fsdp=(*tiny, "--global-batch", "4", "--rounds", "2", "--steps-per-round", "1"),
         naive_steps=3,
     )
 
@@ -123,6 +127,7 @@ def gpu_suite(out: Path, gpu_count: int) -> list[BenchStep]:
             ablation=(*ddp, "--rounds", "3", "--steps-per-round", "3"),
             profile=ddp,
             sharded=("--device", "cuda", "--backend", "gloo", "--model-size", "small", "--global-batch", "8"),
+            fsdp=(*ddp, "--rounds", "3", "--steps-per-round", "2"),
             naive_steps=10,
         ) + [nccl_rehearsal_step(out)]
     world_sizes = [str(n) for n in (2, 4, 6) if n <= gpu_count]
@@ -138,5 +143,9 @@ def gpu_suite(out: Path, gpu_count: int) -> list[BenchStep]:
         ablation=(*xl_step, "--rounds", "3", "--steps-per-round", "3"),
         profile=xl,
         sharded=("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--global-batch", "8"),
+        # Every configuration keeps its own model copy and optimizer on each GPU: xl would not fit
+        # four times, medium does.
+        fsdp=("--device", "cuda", "--model-size", "medium", "--context-length", "128", "--global-batch", "8",
+              "--world-size", "2", "--rounds", "3", "--steps-per-round", "2"),
         naive_steps=10,
     )

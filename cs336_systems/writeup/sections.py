@@ -23,6 +23,7 @@ from cs336_systems.writeup.doctor_section import doctor_section
 from cs336_systems.writeup.sharding_section import sharding_accounting_section
 from cs336_systems.writeup.communication_accounting_section import communication_accounting_section
 from cs336_systems.writeup.context import RenderContext, Section, SectionFn
+from cs336_systems.writeup.fsdp_section import fsdp_section
 from cs336_systems.writeup.load import MachineResults
 from cs336_systems.writeup.problems_section import problems_section
 from cs336_systems.writeup.ddp_sections import (
@@ -91,5 +92,6 @@ SECTIONS: list[SectionFn] = [
     ablation_section,
     communication_accounting_section,
     sharding_accounting_section,
+    fsdp_section,
     doctor_section,
 ]
