@@ -56,18 +56,31 @@ def planted_step_s(cap: float) -> float:
     return 0.1 + 0.01 * math.log2(cap / (8 * MB)) ** 2
 
 
-def test_the_tuner_keeps_the_lowest_median_even_past_an_outlier():
-    caps = [25 * MB, 8 * MB, 4 * MB, 16 * MB]
+def tune(caps: list[float], step_s) -> BucketTuner:
+    """A tuner fed ``step_s(cap, round)`` for every scheduled step."""
     tuner = BucketTuner(caps, TUNING_ROUNDS)
-    seen_best = 0
     while not tuner.done:
-        cap = tuner.current_cap
-        outlier = 1.0 if cap == 8 * MB and seen_best == 0 else 0.0  # one slow step: a mean would drop 8 MB
-        seen_best += cap == 8 * MB
-        tuner.record(planted_step_s(cap) + outlier)
+        tuner.record(step_s(tuner.current_cap, len(tuner.local_times) // len(caps)))
+    return tuner
+
+
+def test_with_consistent_timings_the_tuner_keeps_the_fastest():
+    caps = [25 * MB, 8 * MB, 4 * MB, 16 * MB]
+    tuner = tune(caps, lambda cap, r: planted_step_s(cap) + 0.05 * r)  # drift: every round slower
     assert caps[tuner.choose(tuner.local_times)] == min(caps, key=planted_step_s) == 8 * MB
     with pytest.raises(RuntimeError, match="already recorded"):
         tuner.record(0.1)
+
+
+def test_a_candidate_that_loses_one_round_to_the_default_is_not_kept():
+    """8 MB is fastest by median but one slow step loses it round 0: the consistent 16 MB is kept,
+    and with 16 MB gone too, the default stays."""
+    caps = [25 * MB, 8 * MB, 16 * MB]
+    tuner = tune(caps, lambda cap, r: planted_step_s(cap) + (1.0 if cap == 8 * MB and r == 0 else 0.0))
+    assert tuner.medians(tuner.local_times)[1] < tuner.medians(tuner.local_times)[2]
+    assert caps[tuner.choose(tuner.local_times)] == 16 * MB
+    both_lose_once = tune(caps, lambda cap, r: planted_step_s(cap) + (1.0 if cap != 25 * MB and r == 0 else 0.0))
+    assert both_lose_once.choose(both_lose_once.local_times) == 0
 
 
 def test_a_tie_keeps_the_default():
@@ -75,21 +88,25 @@ def test_a_tie_keeps_the_default():
     assert tuner.choose([0.2, 0.2, 0.2, 0.2]) == 0
 
 
-# Per rank, the local time of each tuning step (3 candidates x 3 rounds, schedule 0 1 2 1 2 0 2 0 1):
-# rank 0 alone would keep candidate 1, rank 1 alone candidate 2; the slowest rank's times,
-# step by step, make candidate 0 the fastest. Medians of the maxima: [0.20, 0.30, 0.30].
+# Per rank and round, the local time of each candidate: rank 0 alone would keep candidate 1 (it
+# beats the default every round), rank 1 alone candidate 2; the slowest rank's times, step by
+# step, have neither beat the default: every rank keeps the default.
 AGREE_CAPS = [25 * MB, 5 * MB, 10 * MB]
-LOCAL_TIMES = {
-    0: [0.20, 0.10, 0.30, 0.10, 0.30, 0.20, 0.30, 0.20, 0.10],
-    1: [0.20, 0.30, 0.10, 0.30, 0.10, 0.20, 0.10, 0.20, 0.30],
-}
-AUTO_CASE = Case("bucketed[auto-tuned]-edge-sgd", "bucketed", "edge", "sgd", "auto", steps=16)
+LOCAL_BY_CANDIDATE = {0: [0.20, 0.10, 0.30], 1: [0.20, 0.30, 0.10]}
+
+
+def local_times(rank: int) -> list[float]:
+    schedule = BucketTuner(AGREE_CAPS, TUNING_ROUNDS).schedule
+    return [LOCAL_BY_CANDIDATE[rank][c] for c in schedule]
+
+
+AUTO_CASE = Case("bucketed[auto-tuned]-edge-sgd", "bucketed", "edge", "sgd", "auto", steps=20)
 PLANTED_MODEL_CAP = 600.0  # bytes: candidates of ~4.6 KB (everything), 600, 300 and 1200 B build different buckets
 
 
 def _agree_and_train(ctx: RankContext) -> dict:
     tuner = BucketTuner(AGREE_CAPS, TUNING_ROUNDS)
-    for t in LOCAL_TIMES[ctx.rank]:
+    for t in local_times(ctx.rank):
         tuner.record(t)
     local_choice = tuner.choose(tuner.local_times)
     agreed = agree_on_cap(tuner, ctx.device, None)
@@ -104,11 +121,10 @@ def two_ranks() -> list[dict]:
 
 
 @pytest.mark.timeout(300)
-def test_ranks_agree_on_the_slowest_ranks_fastest_candidate(two_ranks):
+def test_ranks_agree_on_the_slowest_ranks_choice(two_ranks):
     assert [r["local_choice"] for r in two_ranks] == [1, 2]  # alone, they would disagree
-    maxima = [max(a, b) for a, b in zip(LOCAL_TIMES[0], LOCAL_TIMES[1])]
-    tuner = BucketTuner(AGREE_CAPS, TUNING_ROUNDS)
-    expected = AGREE_CAPS[tuner.choose(maxima)]
+    maxima = [max(a, b) for a, b in zip(local_times(0), local_times(1))]
+    expected = AGREE_CAPS[BucketTuner(AGREE_CAPS, TUNING_ROUNDS).choose(maxima)]
     assert expected == 25 * MB
     assert [r["agreed"].chosen_cap for r in two_ranks] == [expected, expected]
     assert two_ranks[0]["agreed"] == two_ranks[1]["agreed"]

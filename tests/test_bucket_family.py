@@ -15,6 +15,7 @@ import pytest
 from cs336_systems.bench.family import FAMILY, FamilySetting
 from cs336_systems.bench.family.run import AUTO_VARIANT, DEFAULT_VARIANT, FAMILY_VARIANTS, family_record
 from cs336_systems.bench.step import COMPUTE_ONLY, TORCH_DDP, RawVariant
+from cs336_systems.ddp.auto_bucket import TUNING_ROUNDS
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.kinds import read_any
 from cs336_systems.results.paths import results_path
@@ -56,7 +57,7 @@ def measured(name: str, auto_offset: float, same: bool) -> dict:
     return {"raw": raw, "n_parameters": 1_000_000, "n_tensors": 12, "gradient_bytes": 4 * MB,
             "largest_parameter_bytes": MB, "calibration": (500e-6, 1e9), "model_cap_bytes": 2 * MB,
             "caps": caps, "medians": [0.13, 0.12] if not same else [None], "chosen": caps[-1],
-            "tuning_steps": 1 + 3 * len(caps) if not same else 1}
+            "tuning_steps": 1 + TUNING_ROUNDS * len(caps) if not same else 1}
 
 
 def render(tmp_path: Path, models: dict[str, tuple[float, bool]]) -> str:
@@ -113,5 +114,5 @@ def test_a_short_real_run_writes_what_the_section_reads(tmp_path, capsys):
     auto = next(s for s in record.steps if s.variant == AUTO_VARIANT)
     assert record.chosen_cap_bytes in record.candidate_caps_bytes and auto.bucket_cap_bytes == record.chosen_cap_bytes
     distinct = len(record.candidate_caps_bytes)
-    assert record.tuning_steps == (1 if distinct == 1 else 1 + 3 * distinct)
+    assert record.tuning_steps == (1 if distinct == 1 else 1 + TUNING_ROUNDS * distinct)
     assert "many-small" in capsys.readouterr().out

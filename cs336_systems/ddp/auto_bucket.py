@@ -27,10 +27,10 @@ compute nothing. Neither holds everywhere (on a few CPU cores an all-reduce runn
 backward slows it down; on a GPU backward may be far faster than the link), and a cap a few
 times off its best can lose to torch's fixed 25 MB. So the model proposes and the job decides:
 :func:`candidate_caps` gives the model's cap, its neighbours (half and double) and the 25 MB
-default, and :class:`BucketTuner` times each for a few steps, interleaved round by round, and
-keeps the one with the lowest median step (the slowest rank's time, agreed by all ranks, so
-that every rank keeps the same cap). 25 MB is always a candidate, so "auto" can at worst match
-the default, up to the noise of those few steps.
+default, and :class:`BucketTuner` times each for a few steps, interleaved round by round (the
+slowest rank's time, agreed by all ranks, so that every rank keeps the same cap). It keeps
+25 MB unless a candidate beat it in every round, so "auto" leaves the default only on
+consistent evidence, and then for the candidate that gained most.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ CALIBRATION_ITERS = 5
 FLOAT32_BYTES = 4
 DEFAULT_BUCKET_BYTES = 25 * MB  # torch's DDP default (bucket_cap_mb=25), and BucketedDDP's
 NEIGHBOUR_FACTOR = 2.0  # the model's cap is tried beside this factor below and above it
-TUNING_ROUNDS = 3  # timed steps of each candidate: its median is over this many
+TUNING_ROUNDS = 4  # timed steps of each candidate; a sign test over 4 rounds errs at most 1 time in 16
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,13 @@ class BucketTuner:
     Round ``r`` times every candidate once, the order rotated by ``r`` so that no candidate
     always follows the same one. Pure bookkeeping: the wrapper times the steps, and
     :meth:`choose` is handed the slowest rank's times, so every rank chooses alike.
+
+    The choice respects the noise of so few steps: the default (candidate 0) is kept unless
+    another candidate was faster than it in *every* round (each round's two steps ran seconds
+    apart, under the same load). A candidate no faster than the default passes that test with
+    probability at most ``2**-rounds`` (a sign test: 1/16 with 4 rounds), and a slower one
+    less often still. Among those that pass, the one with the lowest median per-round
+    difference is kept.
     """
 
     def __init__(self, caps: Sequence[float], rounds: int = TUNING_ROUNDS):
@@ -184,6 +191,7 @@ class BucketTuner:
         if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
             raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
         self.caps = list(caps)
+        self.rounds = rounds
         k = len(self.caps)
         self.schedule = [(r + i) % k for r in range(rounds) for i in range(k)]  # candidate per step
         self.local_times: list[float] = []
@@ -206,16 +214,30 @@ class BucketTuner:
             raise RuntimeError("every tuning step is already recorded")
         self.local_times.append(seconds)
 
-    def medians(self, times: Sequence[float]) -> list[float]:
-        """Each candidate's median over its steps, from one time per scheduled step."""
+    def by_round(self, times: Sequence[float]) -> list[list[float]]:
+        """``[round][candidate]`` seconds, from one time per scheduled step."""
         if len(times) != len(self.schedule):
             raise ValueError(f"expected {len(self.schedule)} times, one per tuning step, got {len(times)}")
-        return [statistics.median(t for t, c in zip(times, self.schedule) if c == i) for i in range(len(self.caps))]
+        k = len(self.caps)
+        table = [[0.0] * k for _ in range(self.rounds)]
+        for step, (t, c) in enumerate(zip(times, self.schedule)):
+            table[step // k][c] = t
+        return table
+
+    def medians(self, times: Sequence[float]) -> list[float]:
+        """Each candidate's median over its steps."""
+        table = self.by_round(times)
+        return [statistics.median(row[i] for row in table) for i in range(len(self.caps))]
 
     def choose(self, times: Sequence[float]) -> int:
-        """The candidate with the lowest median; on a tie, the one listed first (the default)."""
-        medians = self.medians(times)
-        return min(range(len(self.caps)), key=lambda i: (medians[i], i))
+        """The candidate kept: the default unless another beat it in every round (see the class)."""
+        table = self.by_round(times)
+        best, best_gain = 0, 0.0
+        for i in range(1, len(self.caps)):
+            differences = [row[i] - row[0] for row in table]
+            if all(d < 0 for d in differences) and statistics.median(differences) < best_gain:
+                best, best_gain = i, statistics.median(differences)
+        return best
 
 
 @dataclass(frozen=True)

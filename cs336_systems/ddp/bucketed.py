@@ -18,7 +18,8 @@ benchmark (``scripts/bench_ddp.py --ablation``):
   numbers; bfloat16 halves the bytes);
 * ``bucket_size_mb="auto"``: the cap is chosen by this job's own first steps (auto_bucket.py):
   the all-reduce is calibrated at construction, the overhead model proposes its cap, half and
-  double it, beside the 25 MB default, and each distinct candidate is timed for a few steps.
+  double it, beside the 25 MB default, and each distinct candidate is timed for a few steps;
+  the default stays unless a candidate beat it in every round.
 """
 
 from __future__ import annotations
@@ -72,10 +73,11 @@ class BucketedDDP(OverlappedDataParallel):
     ``"auto"`` calibrates the all-reduce at construction (a collective) and trains its first
     step with the overhead model's cap ``sqrt(s w o)``. After that step it tunes: the distinct
     bucket layouts among the candidates (25 MB, the model's cap, half and double it: 1 to 4)
-    are each used for ``TUNING_ROUNDS`` = 3 steps, interleaved, and the one whose steps
-    (forward to the end of this method, slowest rank) have the lowest median is kept. Tuning
-    therefore takes 1 + 3 k synchronised steps for k >= 2 distinct layouts, at most 13, and
-    only the first step when every candidate builds the same buckets. Only those steps wait
+    are each used for ``TUNING_ROUNDS`` = 4 steps, one per round, and 25 MB's layout is kept
+    unless another beat it in every round (steps timed from forward to the end of this method,
+    slowest rank; see ``auto_bucket.BucketTuner``). Tuning therefore takes 1 + 4 k synchronised
+    steps for k >= 2 distinct layouts, at most 17, and only the first step when every
+    candidate builds the same buckets. Only those steps wait
     for the device (to read the clock), and the last one agrees on the choice with one small
     all-reduce; afterwards the step path is the fixed-cap one. Buckets are rebuilt between
     steps, never within one, so training is unchanged (``tests/test_auto_bucket.py``).

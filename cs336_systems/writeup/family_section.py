@@ -11,6 +11,7 @@ from __future__ import annotations
 from cs336_systems.bench.family.record import FamilyRecord
 from cs336_systems.bench.family.run import AUTO_VARIANT, DEFAULT_VARIANT
 from cs336_systems.bench.step.variants import TORCH_DDP
+from cs336_systems.ddp.auto_bucket import TUNING_ROUNDS
 from cs336_systems.writeup import fmt
 from cs336_systems.writeup.allreduce_analysis import ranks_per_core
 from cs336_systems.writeup.context import RenderContext, Section
@@ -27,9 +28,10 @@ INTRO = (
     "choice: it assumes backward produces gradients as fast as the channel moves them and that communication costs "
     "compute nothing, and on a machine where that fails a cap a few times off its best can lose to torch's fixed "
     "25 MB. So after the first step, the distinct bucket layouts among four candidates (25 MB, the model's cap, "
-    "half and double it) are each trained for 3 steps, interleaved, and the layout whose steps (forward to the end "
-    "of synchronisation, slowest rank, agreed by all ranks) have the lowest median is kept. 25 MB is always a "
-    "candidate, so auto can at worst keep the default, up to the noise of those few steps.\n\n"
+    f"half and double it) are each trained for {TUNING_ROUNDS} steps, one per round (steps timed from forward to the "
+    "end of synchronisation, slowest rank, agreed by all ranks). 25 MB's layout is kept unless another beat it in "
+    f"every round, which a layout no faster than it does at most once in {2 ** TUNING_ROUNDS} tunings (a sign test); "
+    "among those that did, the one that gained most per round is kept.\n\n"
     "One rule must serve gradients that come in very different pieces, so it is tested on a family of shapes. Each "
     "model is timed in one run with compute-only, bucketed-auto, bucketed-25MB and torch's DDP, interleaved round "
     "by round (the step benchmark's variants and training step, `cs336_systems/bench/family/`); bucketed-auto is "

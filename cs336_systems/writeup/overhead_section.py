@@ -240,9 +240,9 @@ def _regimes_note(ctx: RenderContext) -> str:
     gpu_runs = [f for _, f in step_runs(ctx.inputs) if f.environment.device_type == "cuda" and f.environment.world_size > 1]
     if gpu_runs:
         return ""
-    return ("- Communication-bound regime (a GPU's backward far faster than gloo ranks sharing one GPU, or NCCL "
-            f"between GPUs): **not measured here**; `{GPU.command}` ({GPU.where}, or one GPU for the shared-GPU "
-            "run) fills it.")
+    return ("- Communication-bound regime (a GPU's backward, far faster than the channel: gloo ranks sharing one "
+            f"GPU, or NCCL between GPUs): **not measured here**; `{GPU.command}` fills it (on one GPU, gloo ranks "
+            "sharing it; on 2–6 GPUs, NCCL).")
 
 
 def overhead_model_section(ctx: RenderContext) -> Section:
