@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.variants import bucketed_name
 from cs336_systems.ddp.overhead_model import (
+    FitIntervals,
     exposed_overhead,
     minimum_exposed_overhead,
     optimal_bucket_bytes,
@@ -93,6 +94,7 @@ class BucketPrediction:
     record: StepRecord
     closed_form_s: float  # o n_b + s / (w n_b): equal buckets, backward as fast as the channel
     channel_s: float  # n_b o + s / w: the channel busy for every bucket, back to back
+    channel_range_s: tuple[float, float] | None  # the same over the 95% intervals of o and w (None: no intervals)
     wait_s: float | None  # the recursion on the buckets built and the measured backward (None:
     # no measured backward, or no bucket sizes recorded)
 
@@ -117,7 +119,7 @@ class OverheadPrediction:
 
 def predict_overhead(
     n_parameters: int, largest_param_bytes: int | None, fit: LinkFit, sweep: list[StepRecord],
-    backward_s: float | None = None,
+    backward_s: float | None = None, intervals: FitIntervals | None = None,
 ) -> OverheadPrediction | str:
     """The closed form's optimum, and per bucket size of the sweep its closed form and, given a
     measured backward, the recursion on the buckets actually built; or why the model cannot
@@ -134,7 +136,12 @@ def predict_overhead(
             continue
         wait = (predicted_wait(r.bucket_bytes, backward_s, w, o)
                 if backward_s and r.bucket_bytes else None)
-        rows.append(BucketPrediction(r, exposed_overhead(s, w, o, r.n_buckets), r.n_buckets * o + s / w, wait))
+        channel_range = None
+        if intervals is not None:
+            (o_low, o_high), (w_low, w_high) = intervals.o_s, intervals.w_bytes_per_s
+            channel_range = (r.n_buckets * max(o_low, 0.0) + s / w_high, r.n_buckets * max(o_high, 0.0) + s / w_low)
+        rows.append(BucketPrediction(r, exposed_overhead(s, w, o, r.n_buckets), r.n_buckets * o + s / w,
+                                     channel_range, wait))
     return OverheadPrediction(
         s_bytes=s,
         largest_param_bytes=largest_param_bytes,

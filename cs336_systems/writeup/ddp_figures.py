@@ -136,8 +136,13 @@ def overhead_model_figure(
         ax.plot(*zip(*predicted), "^-", color="tab:red", label="predicted wait (recursion, buckets as built)")
     ax.plot(x, [row.closed_form_s * 1e3 for row in p.rows], "v", color="tab:red", fillstyle="none",
             label="closed form o n_b + s/(w n_b) at the buckets built")
-    ax.plot(x, [row.channel_s * 1e3 for row in p.rows], "x--", color="tab:green",
-            label="channel busy time n_b o + s/w (nothing hidden)")
+    channel = np.array([row.channel_s for row in p.rows]) * 1e3
+    ranges = [row.channel_range_s for row in p.rows]
+    channel_bars = (error_bars(channel, np.array([lo for lo, _ in ranges]) * 1e3, np.array([hi for _, hi in ranges]) * 1e3)
+                    if all(ranges) else None)
+    # Drawn a little to the right of each bucket cap, so its bars stand beside the measured ones.
+    ax.errorbar(x * 1.12, channel, yerr=channel_bars, fmt="x--", capsize=3, color="tab:green",
+                label="channel busy time n_b o + s/w, nothing hidden (bars: o's and w's 95% intervals)")
     if torch_ddp is not None:
         ax.plot([25.0], [torch_ddp.exposed_overhead_s * 1e3], "D", color="tab:purple",
                 label="torch DDP, measured exposed overhead (25 MB buckets)")

@@ -80,11 +80,13 @@ def _prediction_table(p: OverheadPrediction) -> str:
         gap = None if r.median_sync_s is None else r.exposed_overhead_s - r.median_sync_s
         rows.append([r.variant, fmt.size_mb(r.bucket_size_mb), r.n_buckets, fmt.mb(last), fmt.ms(row.closed_form_s),
                      fmt.ms(row.wait_s), fmt.ms(r.median_sync_s), fmt.ratio(wait_ratio) if wait_ratio else "–",
-                     fmt.ms(row.channel_s), fmt.ms(r.exposed_overhead_s), fmt.ms_interval(r.exposed_overhead_ci95_s),
+                     fmt.ms(row.channel_s), fmt.ms_interval(row.channel_range_s), fmt.ms(r.exposed_overhead_s),
+                     fmt.ms_interval(r.exposed_overhead_ci95_s),
                      fmt.ratio(channel_ratio) if channel_ratio else "–", fmt.ms(gap)])
     return fmt.table(["variant", "bucket cap (MB)", "buckets n_b", "last bucket (MB)", "closed form T(n_b) (ms)",
                       "recursion: predicted wait after backward (ms)", "measured wait after backward (ms)",
-                      "predicted / measured wait", "channel busy, n_b o + s/w (ms)", "measured exposed overhead (ms)",
+                      "predicted / measured wait", "channel busy, n_b o + s/w (ms)",
+                      "over o's and w's 95% intervals (ms)", "measured exposed overhead (ms)",
                       "its 95% interval (ms)", "channel busy / measured exposed", "exposed − wait (ms)"], rows)
 
 
@@ -97,6 +99,26 @@ def _band_sentence(what: str, ratios: list[tuple[StepRecord, float]]) -> str:
     if not outside:
         return text + f"within ±{fmt.pct(RATIO_BAND, 2)} at every bucket size of the sweep."
     return text + f"outside ±{fmt.pct(RATIO_BAND, 2)} at " + ", ".join(outside) + "."
+
+
+def _uncertain_sizes(p: OverheadPrediction, smallest_payload_mb: float) -> str:
+    """Where the channel-busy prediction misses the band, whether o's and w's own uncertainty covers the miss."""
+    covered, missed = [], []
+    for row in p.rows:
+        r, span = row.record, row.channel_range_s
+        if span is None or r.exposed_overhead_s <= 0 or _in_band(row.channel_s / r.exposed_overhead_s):
+            continue
+        (covered if span[0] <= r.exposed_overhead_s <= span[1] else missed).append(
+            f"{fmt.size_mb(r.bucket_size_mb)} MB ({r.n_buckets} calls: {fmt.ms_interval(span)} ms against "
+            f"{fmt.ms(r.exposed_overhead_s)} ms measured)")
+    text = ""
+    if covered:
+        text += ("Over the 95% intervals of $o$ and $w$ the channel-busy prediction covers the measurement at "
+                 + ", ".join(covered) + ": with many calls, the uncertainty of the per-call cost, extrapolated from "
+                 f"payloads of {fmt.size_mb(smallest_payload_mb)} MB and up, is multiplied by the bucket count.")
+    if missed:
+        text += (" " if text else "") + "It does not at " + ", ".join(missed) + "."
+    return text
 
 
 def cores_shared(results: ResultsFile) -> bool:
@@ -195,7 +217,7 @@ def _prediction_part(ctx: RenderContext, machine: MachineResults, results: Resul
     model_size = setting.get("model_size", "")
     p_max = largest_parameter_bytes(model_size, setting.get("context_length"))
     backward = profiled_backward(machine, results)
-    p = predict_overhead(n_parameters, p_max, g.fit, sweep, backward[0] if backward else None)
+    p = predict_overhead(n_parameters, p_max, g.fit, sweep, backward[0] if backward else None, g.intervals)
     if isinstance(p, str):
         return out + ["", f"No prediction: {p}."], []
     fit, iv = g.fit, g.intervals
@@ -228,7 +250,8 @@ def _prediction_part(ctx: RenderContext, machine: MachineResults, results: Resul
     channel = [(row.record, row.channel_s / row.record.exposed_overhead_s) for row in p.rows
                if row.record.exposed_overhead_s > 0]
     sentences = [s for s in (_band_sentence("Predicted / measured wait after backward", waits),
-                             _band_sentence("Channel busy time / measured exposed overhead", channel)) if s]
+                             _band_sentence("Channel busy time / measured exposed overhead", channel),
+                             _uncertain_sizes(p, g.records[0].payload_mb)) if s]
     out += ["", ctx.image(path, f"overhead model against the measured bucket sweep on {machine.tag}"), "",
             " ".join(sentences), "", "What the model leaves out, measured:", "",
             *[f"- {r}" for r in _left_out(p, results, backward)]]
