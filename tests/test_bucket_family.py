@@ -79,6 +79,8 @@ def test_each_models_verdict_follows_its_interval(tmp_path):
     assert "`many-small`: bucketed-auto's step is 10.0 ms shorter than bucketed-25MB's" in text
     assert "`torch-encoder`: bucketed-auto's step is 20.0 ms longer than bucketed-25MB's" in text
     assert "Auto is slower than 25 MB beyond the noise on `torch-encoder`." in text
+    assert ("Auto kept 25 MB's layout on 1 of the 3 models (`few-huge`): no other layout beat it in every tuning "
+            "round, or no other layout existed.") in text
 
 
 def test_the_summary_says_when_auto_never_loses(tmp_path):

@@ -126,6 +126,11 @@ def family_sentences(records: list[FamilyRecord]) -> list[str]:
         if same_layout(r):
             text += " Auto kept the same buckets as 25 MB, so the two variants differ only by noise."
         out.append(text)
+    kept = [r for r in records if r.chosen_cap_bytes == r.candidate_caps_bytes[0]]
+    if kept:
+        out.append(f"Auto kept 25 MB's layout on {len(kept)} of the {len(records)} models ("
+                   + listed([f"`{r.model}`" for r in kept]) + "): no other layout beat it in every tuning round"
+                   + (", or no other layout existed." if any(len(r.candidate_caps_bytes) == 1 for r in kept) else "."))
     slower = [f"`{r.model}`" for r in records if comparison(r).resolved and comparison(r).median_s > 0]
     faster = [f"`{r.model}`" for r in records if comparison(r).resolved and comparison(r).median_s < 0]
     unresolved = [f"`{r.model}`" for r in records if comparison(r).interval_s is None]
