@@ -177,7 +177,10 @@ def _run_ddp_case(ctx: RankContext, case: Case) -> dict:
         calls.append(ddp.allreduce_calls_last_step)
     buckets = len(ddp.buckets) if hasattr(ddp, "buckets") else None
     cap = getattr(ddp, "bucket_cap_bytes", None)
-    return {"history": history, "calls": calls, "buckets": buckets, "bucket_cap_bytes": cap}
+    tuned = getattr(ddp, "tuning_result", None)
+    candidates = None if tuned is None else list(tuned.caps)
+    return {"history": history, "calls": calls, "buckets": buckets, "bucket_cap_bytes": cap,
+            "auto_candidates": candidates}
 
 
 def run_ddp_cases(ctx: RankContext, cases: list[Case]) -> dict[str, dict]:

@@ -47,6 +47,7 @@ def _steps_for(
     profile: tuple[str, ...],
     sharded: tuple[str, ...],
     fsdp: tuple[str, ...],
+    family: tuple[str, ...],
     naive_steps: int,
 ) -> list[BenchStep]:
     steps = [
@@ -58,6 +59,7 @@ def _steps_for(
     if ablation is not None:
         steps.append(BenchStep("bucketed DDP ablation", "scripts/bench_ddp.py", (*ablation, "--ablation"),
                                f"{out}/ddp_step-ablation.json"))
+    steps.append(BenchStep("bucket size family", "scripts/bench_bucket_family.py", family, f"{out}/bucket_family.json"))
     steps += [
         BenchStep("profiler timelines", "scripts/profile_ddp.py", profile, f"{out}/{PROFILE_DIR}/profile.json"),
         BenchStep("sharded optimizer accounting", "scripts/bench_sharded_optimizer.py", sharded,
@@ -83,6 +85,7 @@ def cpu_suite(out: Path) -> list[BenchStep]:
         profile=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
         sharded=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
         fsdp=(*CPU_DDP, "--rounds", "6", "--steps-per-round", "1"),
+        family=("--world-size", "2", "--rounds", "16"),
         naive_steps=10,
     )
 
@@ -98,6 +101,7 @@ def quick_suite(out: Path) -> list[BenchStep]:
         profile=(*tiny, "--global-batch", "4"),
         sharded=(*tiny, "--global-batch", "4", "--steps", "2"),
         fsdp=(*tiny, "--global-batch", "4", "--rounds", "2", "--steps-per-round", "1"),
+        family=("--models", "many-small", "--rounds", "1", "--warmup-steps", "0"),
         naive_steps=3,
     )
 
@@ -128,6 +132,7 @@ def gpu_suite(out: Path, gpu_count: int) -> list[BenchStep]:
             profile=ddp,
             sharded=("--device", "cuda", "--backend", "gloo", "--model-size", "small", "--global-batch", "8"),
             fsdp=(*ddp, "--rounds", "3", "--steps-per-round", "2"),
+            family=("--device", "cuda", "--backend", "gloo", "--world-size", "2", "--rounds", "8"),
             naive_steps=10,
         ) + [nccl_rehearsal_step(out)]
     world_sizes = [str(n) for n in (2, 4, 6) if n <= gpu_count]
@@ -147,5 +152,6 @@ def gpu_suite(out: Path, gpu_count: int) -> list[BenchStep]:
         # four times, medium does.
         fsdp=("--device", "cuda", "--model-size", "medium", "--context-length", "128", "--global-batch", "8",
               "--world-size", "2", "--rounds", "3", "--steps-per-round", "2"),
+        family=("--device", "cuda", "--world-size", "2", "--rounds", "8"),
         naive_steps=10,
     )

@@ -190,7 +190,8 @@ def _run_part(ctx: RenderContext, machine: MachineResults, results: ResultsFile)
 
 
 def fsdp_section(ctx: RenderContext) -> Section:
-    out = ["## fsdp: fully sharded data parallelism", "", HOW, "", EXACT]
+    out = ["## fsdp_accounting: fully sharded data parallelism (problem fsdp), its memory and its timeline", "",
+           HOW, "", EXACT]
     figures: list[Path] = []
     runs = ctx.inputs.runs(KIND)
     for machine, results in runs:

@@ -23,6 +23,7 @@ from cs336_systems.writeup.doctor_section import doctor_section
 from cs336_systems.writeup.sharding_section import sharding_accounting_section
 from cs336_systems.writeup.communication_accounting_section import communication_accounting_section
 from cs336_systems.writeup.context import RenderContext, Section, SectionFn
+from cs336_systems.writeup.family_section import family_section
 from cs336_systems.writeup.fsdp_section import fsdp_section
 from cs336_systems.writeup.load import MachineResults
 from cs336_systems.writeup.problems_section import problems_section
@@ -90,6 +91,7 @@ SECTIONS: list[SectionFn] = [
     overhead_model_section,
     all_variants_section,
     ablation_section,
+    family_section,
     communication_accounting_section,
     sharding_accounting_section,
     fsdp_section,

@@ -19,7 +19,7 @@ from cs336_systems.bench.family.models import FAMILY, FamilyMember
 from cs336_systems.bench.family.record import FamilyRecord
 from cs336_systems.bench.family.setting import FamilySetting
 from cs336_systems.bench.stats import paired_median
-from cs336_systems.bench.step.run import _timed_step as timed_step
+from cs336_systems.bench.step.run import timed_step, warm_up
 from cs336_systems.bench.step.summarize import RawVariant, summarize
 from cs336_systems.bench.step.variants import AUTO, BUCKETED_PREFIX, COMPUTE_ONLY, TORCH_DDP, bucketed_name, build_variant
 from cs336_systems.bench.workload import Workload, shard_rows
@@ -63,11 +63,7 @@ def _time_member(ctx: RankContext, member: FamilyMember, setting: FamilySetting)
     variants, tuning_steps = {}, 0
     for name in FAMILY_VARIANTS:
         variant = build_variant(name, work.module, ctx)
-        while isinstance(variant.wrapper, BucketedDDP) and variant.wrapper.tuning:
-            timed_step(variant, optimizer, work, ctx.device)
-            tuning_steps += 1
-        for _ in range(setting.warmup_steps):
-            timed_step(variant, optimizer, work, ctx.device)
+        tuning_steps += warm_up(variant, optimizer, work, ctx.device, setting.warmup_steps)
         variants[name] = variant
     steps = {name: [] for name in FAMILY_VARIANTS}
     syncs = {name: [] for name in FAMILY_VARIANTS}

@@ -95,7 +95,21 @@ def host_memory_bytes() -> int | None:
         return None
 
 
-def _timed_step(variant: StepVariant, optimizer: torch.optim.Optimizer, work: Workload,
+def warm_up(variant: StepVariant, optimizer: torch.optim.Optimizer, work: Workload, device: torch.device,
+            steps: int) -> int:
+    """Untimed steps before a variant is first timed: through ``bucket_size_mb="auto"``'s tuning
+    (its steps choose the buckets, they are not steady state), then ``steps`` more. Returns the
+    number of tuning steps."""
+    tuning_steps = 0
+    while isinstance(variant.wrapper, BucketedDDP) and variant.wrapper.tuning:
+        timed_step(variant, optimizer, work, device)
+        tuning_steps += 1
+    for _ in range(steps):
+        timed_step(variant, optimizer, work, device)
+    return tuning_steps
+
+
+def timed_step(variant: StepVariant, optimizer: torch.optim.Optimizer, work: Workload,
                 device: torch.device) -> tuple[float, float]:
     """One training step; returns (step seconds, seconds in gradient synchronisation)."""
     sync_device(device)
@@ -172,8 +186,7 @@ def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> dict:
     # DDP is always built once: rebuilding it would re-register its hooks on the module.
     def build(name: str) -> StepVariant:
         variant = build_variant(name, work.module, ctx)
-        for _ in range(setting.warmup_steps):
-            _timed_step(variant, optimizer, work, ctx.device)
+        warm_up(variant, optimizer, work, ctx.device, setting.warmup_steps)
         return variant
 
     rebuilt = {n for n in variant_names if setting.rebuild_each_round and n != TORCH_DDP}
@@ -183,7 +196,7 @@ def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> dict:
         for name in variant_names[shift:] + variant_names[:shift]:
             variant, m = kept[name] if name in kept else build(name), measured[name]
             for _ in range(setting.steps_per_round):
-                step_s, sync_s = _timed_step(variant, optimizer, work, ctx.device)
+                step_s, sync_s = timed_step(variant, optimizer, work, ctx.device)
                 m.step_times.append(step_s)
                 m.sync_times.append(sync_s)
                 if variant.wrapper is not None:
