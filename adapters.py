@@ -12,6 +12,7 @@ import torch
 
 from cs336_systems.ddp import BucketedDDP, FlatDDP, NaiveDDP, PerParameterDDP
 from cs336_systems.fsdp import FullyShardedDataParallel
+from cs336_systems.zero import ShardedOptimizer
 
 
 def get_ddp(module: torch.nn.Module) -> torch.nn.Module:
@@ -106,6 +107,4 @@ def get_sharded_optimizer(
     params: Iterable[Any], optimizer_cls: type[torch.optim.Optimizer], **kwargs: Any
 ) -> torch.optim.Optimizer:
     """An optimizer that keeps only this rank's shard of ``optimizer_cls``'s state (ZeRO-1)."""
-    from cs336_systems.sharded_optimizer import ShardedOptimizer
-
     return ShardedOptimizer(params, optimizer_cls, **kwargs)

@@ -26,7 +26,7 @@ from cs336_systems.ddp.auto_bucket import (
     candidate_caps,
 )
 from cs336_systems.launch import RankContext, launch
-from cs336_systems.model import TransformerLM, model_config
+from cs336_basics.model import TransformerLM, model_config
 from tests.ddp_cases import Case, run_ddp_cases, run_single_process
 from tests.host_waits import HostWaitCounter
 from tests.test_ddp_host_waits import WORLD_SIZE, _lm_step, fake_group  # noqa: F401 (fixture)

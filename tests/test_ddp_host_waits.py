@@ -22,7 +22,7 @@ from torch import nn
 
 import adapters
 from cs336_systems.ddp import BucketedDDP
-from cs336_systems.model import TransformerLM, model_config
+from cs336_basics.model import TransformerLM, model_config
 from cs336_systems.launch import RankContext, launch
 from tests.host_waits import HostWaitCounter
 

@@ -1,4 +1,4 @@
-"""The benchmarks' workload, the Transformer LM of ``cs336_systems/model.py``, checked on CPU.
+"""The benchmarks' workload, the Transformer LM of ``cs336_basics/model.py``, checked on CPU.
 
 Every DDP benchmark times this model, so its numbers mean something only if the model is the
 architecture it claims: causal, of the stated size, and trainable. References here are
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from cs336_systems.model import (
+from cs336_basics.model import (
     MODEL_SIZES,
     CausalSelfAttention,
     RMSNorm,

@@ -1,2 +1,0 @@
-"""Moved to cs336_systems.ddp (kept until adapters.py is updated by the layout change)."""
-from cs336_systems.ddp.naive import NaiveDDP  # noqa: F401
