@@ -32,33 +32,20 @@ from cs336_systems.bench.allreduce import (
     is_writer_process,
     run_allreduce_benchmark,
 )
-from cs336_systems.launch import Interrupted
 from cs336_systems.results.environment import collect_environment
-from cs336_systems.results.files import ResultsFile, write_results
-from cs336_systems.results.paths import results_path
-from cs336_systems.results.schema import to_json
+from cs336_systems.results.files import save_results
 
 
 def build_parser() -> cli.Parser:
     """The flags, generated from AllReduceSetting, plus --out and --tag."""
-    parser = cli.Parser(AllReduceSetting, __doc__)
-    parser.add_output(f"{AllReduceRecord.KIND}.json")
-    return parser
+    return cli.Parser(AllReduceSetting, __doc__, results_kind=AllReduceRecord.KIND)
 
 
+@cli.stops_cleanly
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    setting, args = parser.parse_settings(argv)
-    try:
-        out = args.out or results_path(AllReduceRecord.KIND, args.tag)
-    except ValueError as e:  # a bad BENCH_MACHINE_TAG
-        parser.error(str(e))
+    setting, out = build_parser().parse_with_output(argv)
     start = time.monotonic()
-    try:
-        records = run_allreduce_benchmark(setting)
-    except Interrupted as e:
-        print(f"interrupted: {e}", file=sys.stderr)
-        return e.exit_status
+    records = run_allreduce_benchmark(setting)
     wall_s = time.monotonic() - start
     if not is_writer_process():
         return 0
@@ -68,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         shared_gpu=all(r.shared_gpu for r in records),
     )
     notes = {"wall_s": wall_s, "world_sizes_run": world_sizes}
-    write_results(out, ResultsFile(AllReduceRecord.KIND, environment, to_json(setting), records, notes))
+    save_results(out, AllReduceRecord.KIND, setting, records, environment, notes)
     print(console_table(records))
     skipped = sum(not r.measured for r in records)
     print(f"{len(records)} settings ({skipped} skipped) in {wall_s:.1f} s; wrote {out}")

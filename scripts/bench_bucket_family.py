@@ -24,11 +24,8 @@ from __future__ import annotations
 import sys
 
 from cs336_systems import cli
-from cs336_systems.bench.family import FamilyRecord, FamilyRun, FamilySetting, run_family_benchmark
-from cs336_systems.launch import Interrupted
-from cs336_systems.results.environment import collect_environment
-from cs336_systems.results.files import ResultsFile, write_results
-from cs336_systems.results.schema import to_json
+from cs336_systems.bench.script import BenchmarkScript
+from cs336_systems.bench.family import FamilyRecord, FamilySetting, run_family_benchmark
 
 
 def _ms(seconds: float | None) -> str:
@@ -48,35 +45,17 @@ def format_records(records: list[FamilyRecord]) -> str:
                              "95% interval"], rows)
 
 
-def build_parser() -> cli.Parser:
-    """The flags, generated from FamilySetting, plus --out and --tag."""
-    parser = cli.Parser(FamilySetting, __doc__)
-    parser.add_output(f"{FamilyRecord.KIND}.json")
-    return parser
+def report(setting: FamilySetting, run) -> str:
+    """The console report: the setting in one line, then the table."""
+    return "\n".join([
+        f"{run.world_size} ranks, {setting.backend_name}, {run.threads_per_rank} threads per rank; "
+        "exposed overhead = step - compute-only step, median over rounds",
+        format_records(run.records),
+    ])
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    setting, args = parser.parse_settings(argv)
-    try:
-        out = parser.output_path(args, FamilyRecord.KIND)
-    except ValueError as e:  # a bad BENCH_MACHINE_TAG
-        parser.error(str(e))
-    try:
-        run: FamilyRun = run_family_benchmark(setting)
-    except Interrupted as e:
-        print(f"interrupted: {e}", file=sys.stderr)
-        return e.exit_status
-    if run.rank != 0:
-        return 0  # every rank holds the same (slowest-rank) figures; rank 0 writes them
-    environment = collect_environment(setting.backend_name, run.world_size, setting.device, run.shared_gpu)
-    notes = {"threads_per_rank": run.threads_per_rank}
-    write_results(out, ResultsFile(FamilyRecord.KIND, environment, to_json(setting), run.records, notes))
-    print(f"{run.world_size} ranks, {setting.backend_name}, {run.threads_per_rank} threads per rank; "
-          "exposed overhead = step - compute-only step, median over rounds")
-    print(format_records(run.records))
-    print(f"wrote {out}")
-    return 0
+SCRIPT = BenchmarkScript(FamilySetting, FamilyRecord.KIND, __doc__, lambda setting: run_family_benchmark(setting), format_records, report)
+build_parser, main = SCRIPT.build_parser, SCRIPT.main
 
 
 if __name__ == "__main__":

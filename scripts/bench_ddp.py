@@ -24,12 +24,8 @@ from __future__ import annotations
 import sys
 
 from cs336_systems import cli
-from cs336_systems.bench.step import StepRecord, StepRun, StepSetting, run_step_benchmark
-from cs336_systems.launch import Interrupted
-from cs336_systems.results.environment import collect_environment
-from cs336_systems.results.files import ResultsFile, write_results
-from cs336_systems.results.paths import results_path
-from cs336_systems.results.schema import to_json
+from cs336_systems.bench.script import BenchmarkScript
+from cs336_systems.bench.step import StepRecord, StepSetting, run_step_benchmark
 
 
 def _ms(seconds: float | None) -> str | None:
@@ -45,34 +41,8 @@ def format_records(records: list[StepRecord]) -> str:
     return cli.format_table(["variant", "step ms", "sync ms", "exposed ms", "share", "tok/s", "calls"], rows)
 
 
-def build_parser() -> cli.Parser:
-    """The flags, generated from StepSetting, plus --out and --tag."""
-    parser = cli.Parser(StepSetting, __doc__)
-    parser.add_output(f"{StepRecord.KIND}.json")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    setting, args = parser.parse_settings(argv)
-    try:
-        out = args.out or results_path(StepRecord.KIND, args.tag, suffix=setting.tag_suffix)
-    except ValueError as e:  # a bad BENCH_MACHINE_TAG
-        parser.error(str(e))
-    try:
-        run: StepRun = run_step_benchmark(setting)
-    except Interrupted as e:
-        print(f"interrupted: {e}", file=sys.stderr)
-        return e.exit_status
-    if run.rank != 0:
-        return 0  # every rank holds the same (slowest-rank) figures; rank 0 writes them
-    environment = collect_environment(setting.backend_name, run.world_size, setting.device, run.shared_gpu)
-    write_results(out, ResultsFile(StepRecord.KIND, environment, to_json(setting), run.records, run.notes))
-    print(f"{setting.model_size} ({run.n_parameters / 1e6:.1f}M parameters), {run.world_size} ranks, "
-          f"{setting.backend_name}, global batch {setting.global_batch} x {setting.context_length} tokens")
-    print(format_records(run.records))
-    print(f"wrote {out}")
-    return 0
+SCRIPT = BenchmarkScript(StepSetting, StepRecord.KIND, __doc__, lambda setting: run_step_benchmark(setting), format_records)
+build_parser, main = SCRIPT.build_parser, SCRIPT.main
 
 
 if __name__ == "__main__":

@@ -26,18 +26,15 @@ from __future__ import annotations
 import sys
 
 from cs336_systems import cli
+from cs336_systems.bench.script import BenchmarkScript, workload_line
 from cs336_systems.bench.accounting import (
     PHASES,
     AccountingRecord,
-    AccountingRun,
     AccountingSetting,
     communication_bytes_per_rank,
     run_accounting,
     sharded_minus_unsharded,
 )
-from cs336_systems.results.environment import collect_environment
-from cs336_systems.results.files import ResultsFile, write_results
-from cs336_systems.results.schema import to_json
 from cs336_systems.units import MB
 
 
@@ -73,39 +70,24 @@ def format_difference(records: list[AccountingRecord]) -> str:
     return "sharded minus unsharded, median over rounds: " + "; ".join(parts)
 
 
-def build_parser() -> cli.Parser:
-    """The flags, generated from AccountingSetting, plus --out and --tag."""
-    parser = cli.Parser(AccountingSetting, __doc__)
-    parser.add_output(f"{AccountingRecord.KIND}.json")
-    return parser
-
-
-@cli.stops_cleanly
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    setting, args = parser.parse_settings(argv)
-    try:
-        out = parser.output_path(args, AccountingRecord.KIND)
-    except ValueError as e:  # a bad BENCH_MACHINE_TAG
-        parser.error(str(e))
-    run: AccountingRun = run_accounting(setting)
-    if run.rank != 0:
-        return 0  # every rank gathered every record; rank 0 writes them
+def report(setting: AccountingSetting, run) -> str:
+    """The console report: the setting in one line, then the table."""
     first = run.records[0]
-    environment = collect_environment(setting.backend_name, run.world_size, setting.device, run.shared_gpu)
-    notes = {"n_parameters": first.n_parameters}
-    write_results(out, ResultsFile(AccountingRecord.KIND, environment, to_json(setting), run.records, notes))
-    print(f"{setting.model_size} ({first.n_parameters / 1e6:.1f}M parameters), {run.world_size} ranks, "
-          f"{setting.backend_name}, global batch {setting.global_batch} x {setting.context_length} tokens; "
-          f"memory in MB above each configuration's baseline ({first.method})")
-    print(format_records(run.records))
-    print(format_difference(run.records))
     comm = communication_bytes_per_rank(first.parameter_bytes, run.world_size)
-    print(f"per rank per step: DDP all-reduce {_mb(comm.ddp_allreduce)} MB, sharded-optimizer broadcasts "
-          f"{_mb(comm.sharded_optimizer_broadcast)} MB (together {_mb(comm.ddp_plus_sharded_optimizer)}), "
-          f"paper ZeRO-1 {_mb(comm.paper_zero1)} MB")
-    print(f"wrote {out}")
-    return 0
+    return "\n".join([
+        workload_line(setting, first.n_parameters, run.world_size)
+        + f"; memory in MB above each configuration's baseline ({first.method})",
+        format_records(run.records),
+        format_difference(run.records),
+        f"per rank per step: DDP all-reduce {_mb(comm.ddp_allreduce)} MB, sharded-optimizer broadcasts "
+        f"{_mb(comm.sharded_optimizer_broadcast)} MB (together {_mb(comm.ddp_plus_sharded_optimizer)}), "
+        f"paper ZeRO-1 {_mb(comm.paper_zero1)} MB",
+    ])
+
+
+SCRIPT = BenchmarkScript(AccountingSetting, AccountingRecord.KIND, __doc__, lambda setting: run_accounting(setting),
+                         format_records, report)
+build_parser, main = SCRIPT.build_parser, SCRIPT.main
 
 
 if __name__ == "__main__":

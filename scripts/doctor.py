@@ -29,8 +29,7 @@ import sys
 from cs336_systems import cli
 from cs336_systems.doctor import DoctorReport, DoctorSetting, exit_status, format_report, run_doctor
 from cs336_systems.results.environment import collect_environment
-from cs336_systems.results.files import ResultsFile, write_results
-from cs336_systems.results.schema import to_json
+from cs336_systems.results.files import save_results
 
 
 def build_parser() -> cli.Parser:
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         first = report.ranks[0]
         environment = collect_environment(first.backend, first.world_size, setting.device, run.shared_gpu)
-        write_results(args.out, ResultsFile(DoctorReport.KIND, environment, to_json(setting), [report]))
+        save_results(args.out, DoctorReport.KIND, setting, [report], environment)
     return exit_status(report)
 
 

@@ -30,7 +30,7 @@ class WriteupSetting:
     out_dir: Path = field(default=REPO_ROOT / "writeup", metadata=cli.option(
         "where README.md, writeup.ipynb and figures/ go", cli.OutputFolder()))
     include_tag: tuple[str, ...] = field(default=(), metadata=cli.option(
-        "render these results folders even if their names start with 'quick'", cli.FolderName(), many=True))
+        "render these results folders even if their names start with 'quick'", cli.FOLDER_NAME, many=True))
 
 
 def build_parser() -> cli.Parser:

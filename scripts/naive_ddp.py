@@ -19,39 +19,26 @@ import sys
 
 from cs336_systems import cli
 from cs336_systems.bench.equivalence import EquivalenceRecord, EquivalenceSetting, compare_with_single_process
-from cs336_systems.launch import Interrupted
 from cs336_systems.results.environment import collect_environment
-from cs336_systems.results.files import ResultsFile, write_results
-from cs336_systems.results.paths import results_path
-from cs336_systems.results.schema import to_json
+from cs336_systems.results.files import save_results
 
 
 def build_parser() -> cli.Parser:
     """The flags, generated from EquivalenceSetting, plus --out and --tag."""
-    parser = cli.Parser(EquivalenceSetting, __doc__)
-    parser.add_output(f"{EquivalenceRecord.KIND}.json")
-    return parser
+    return cli.Parser(EquivalenceSetting, __doc__, results_kind=EquivalenceRecord.KIND)
 
 
+@cli.stops_cleanly
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    setting, args = parser.parse_settings(argv)
-    try:
-        out = args.out or results_path(EquivalenceRecord.KIND, args.tag)
-    except ValueError as e:  # a bad BENCH_MACHINE_TAG
-        parser.error(str(e))
-    try:
-        record = compare_with_single_process(setting)
-    except Interrupted as e:
-        print(f"interrupted: {e}", file=sys.stderr)
-        return e.exit_status
+    setting, out = build_parser().parse_with_output(argv)
+    record = compare_with_single_process(setting)
     print(
         f"{setting.variant} DDP, {setting.world_size} gloo ranks, {setting.steps} steps, global batch "
         f"{setting.global_batch}: max |DDP - single-process| = {record.max_abs_diff:.3e} (atol {setting.atol:g}); "
         f"ranks bitwise identical: {record.ranks_identical} -> {'MATCH' if record.match else 'MISMATCH'}"
     )
     environment = collect_environment("gloo", setting.world_size, "cpu")
-    write_results(out, ResultsFile(EquivalenceRecord.KIND, environment, to_json(setting), [record]))
+    save_results(out, EquivalenceRecord.KIND, setting, [record], environment)
     print(f"wrote {out}")
     return 0 if record.match else 1
 

@@ -27,13 +27,9 @@ import sys
 
 from cs336_systems import cli
 from cs336_systems.bench.profile import ProfileRecord, ProfileSetting, nsys_command, profile_into
-from cs336_systems.launch import Interrupted
 from cs336_systems.results.environment import collect_environment
-from cs336_systems.results.files import ResultsFile, write_results
-from cs336_systems.results.paths import PROFILE_DIR, results_dir
-from cs336_systems.results.schema import to_json
+from cs336_systems.results.files import save_results
 
-PROFILE_FILE = "profile.json"
 
 
 def format_records(records: list[ProfileRecord]) -> str:
@@ -43,28 +39,18 @@ def format_records(records: list[ProfileRecord]) -> str:
 
 
 def build_parser() -> cli.Parser:
-    """The flags, generated from ProfileSetting, plus --out and --tag."""
-    parser = cli.Parser(ProfileSetting, __doc__)
-    parser.add_output(f"{PROFILE_DIR}/{PROFILE_FILE}")
-    return parser
+    """The flags, generated from ProfileSetting, plus --out (profile.json; traces beside it) and --tag."""
+    return cli.Parser(ProfileSetting, __doc__, results_kind=ProfileRecord.KIND)
 
 
+@cli.stops_cleanly
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    setting, args = parser.parse_settings(argv)
-    try:
-        out = args.out or results_dir(args.tag) / PROFILE_DIR / PROFILE_FILE
-    except ValueError as e:  # a bad BENCH_MACHINE_TAG
-        parser.error(str(e))
-    try:
-        run = profile_into(setting, out.parent)
-    except Interrupted as e:
-        print(f"interrupted: {e}", file=sys.stderr)
-        return e.exit_status
+    setting, out = build_parser().parse_with_output(argv)
+    run = profile_into(setting, out.parent)
     if run is None:
         return 0  # a rank other than 0 under torchrun/SLURM: rank 0 writes everything
     environment = collect_environment(setting.backend_name, run.world_size, setting.device, run.shared_gpu)
-    write_results(out, ResultsFile(ProfileRecord.KIND, environment, to_json(setting), run.records, run.notes))
+    save_results(out, ProfileRecord.KIND, setting, run.records, environment, run.notes)
     print(format_records(run.records))
     print(f"wrote {out} and the traces beside it")
     print("with Nsight Systems on a GPU machine, record the same run with:")

@@ -37,7 +37,7 @@ class SuiteSetting:
     suite: str = field(default="cpu", metadata=cli.choice("which suite", SUITES))
     tag: str | None = field(default=None, metadata=cli.option(
         "results folder under writeup/results (default: this machine's tag; 'quick' for the quick suite)",
-        cli.FolderName()))
+        cli.FOLDER_NAME))
     no_writeup: bool = field(default=False, metadata=cli.switch("skip rendering the writeup at the end"))
 
 

@@ -131,7 +131,7 @@ def test_memory_parts_match_the_model_and_sharding_saves_memory(tmp_path_factory
 
 @smoke
 def test_our_fsdp_timeline_reduces_during_backward(tmp_path_factory):
-    by_name, s = records(tmp_path_factory), sizes()
+    by_name = records(tmp_path_factory)
     assert by_name[DDP].timeline is None and by_name[TORCH_FSDP].timeline is not None
     timeline = by_name[FSDP].timeline
     phases = timeline.phases

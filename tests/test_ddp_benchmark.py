@@ -17,6 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import cs336_systems.bench.script as bench_script
 import scripts.bench_ddp as bench_ddp
 from cs336_basics.model import TransformerLM, model_config
 from cs336_systems.bench.step import (
@@ -239,14 +240,14 @@ def test_variant_names_follow_the_setting():
     assert StepSetting(bucket_sizes_mb=(1.0,), no_torch_ddp=True).variant_names()[-1] == "bucketed-1MB"
     assert StepSetting(ablation=True).variant_names() == list(ABLATION_VARIANTS)
     assert StepSetting(variants=("compute-only", "flat")).variant_names() == ["compute-only", "flat"]
-    assert StepSetting(ablation=True).tag_suffix == "ablation" and StepSetting().tag_suffix is None
+    assert StepSetting(ablation=True).results_suffix == "ablation" and StepSetting().results_suffix is None
 
 
 @pytest.mark.parametrize("kwargs,message", [
     ({"variants": ("naive", "flat")}, "must include 'compute-only'"),
     ({"variants": ("compute-only",), "ablation": True}, "--ablation and --variants"),
     ({"bucket_sizes_mb": (1.0, 1.0)}, "repeated: bucketed-1MB"),
-    ({"rounds": 0}, "rounds must be an integer >= 1"),
+    ({"rounds": 0}, "rounds must be an integer from 1 to"),
     ({"global_batch": 3}, "batch of 3 examples cannot be split evenly over world size 2"),
 ])
 def test_settings_that_cannot_run_are_refused(kwargs, message):
@@ -348,15 +349,17 @@ def fake_run(rank: int = 0) -> StepRun:
 def test_the_ablation_is_a_ddp_step_run_of_its_own(monkeypatch, capsys):
     written = []
     monkeypatch.setattr(bench_ddp, "run_step_benchmark", lambda setting: fake_run())
-    monkeypatch.setattr(bench_ddp, "write_results", lambda path, results: written.append((path, results)))
+    monkeypatch.setattr(bench_script, "save_results",
+                        lambda path, kind, setting, records, environment, notes: written.append(
+                            (path, kind, setting, notes)))
     assert bench_ddp.main(["--ablation", "--tag", "some-machine"]) == 0
     assert bench_ddp.main(["--tag", "some-machine"]) == 0
-    (ablation, ablation_file), (sweep, _) = written
+    (ablation, kind, setting, notes), (sweep, *_) = written
     assert ablation == results_path("ddp_step", "some-machine", suffix="ablation")
     assert ablation.name == "ddp_step-ablation.json" and sweep.name == "ddp_step.json"
-    assert ablation_file.kind == "ddp_step" and ablation_file.setting["ablation"] is True
+    assert kind == "ddp_step" and setting.ablation is True
     # What the writeup states the setting from; host memory unknown here, so left out.
-    assert ablation_file.notes == {"n_parameters": 7, "threads_per_rank": 1, "ranks_on_node": 2}
+    assert notes == {"n_parameters": 7, "threads_per_rank": 1, "ranks_on_node": 2}
     out = capsys.readouterr().out
     assert "bucketed-25MB" in out and "exposed ms" in out  # the console table
 

@@ -106,7 +106,7 @@ def test_read_proc_status_converts_kib_to_bytes():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(model_size="huge"), "model size"),
+        (dict(model_size="huge"), "model_size must be one of"),
         (dict(steps=0), "steps"),
         (dict(warmup_steps=-1), "warmup_steps"),
         (dict(bucket_size_mb=-3.0), "bucket_size_mb"),

@@ -98,7 +98,7 @@ def write_ablation(root: Path) -> Path:
                           ablation=True)
     results = ResultsFile(StepRecord.KIND, environment(), to_json(setting), ablation_records(),
                           {"n_parameters": 1362240, "threads_per_rank": 1, "ranks_on_node": 2})
-    return write_results(results_path(StepRecord.KIND, TAG, suffix=setting.tag_suffix, root=root), results)
+    return write_results(results_path(StepRecord.KIND, TAG, suffix=setting.results_suffix, root=root), results)
 
 
 def render(tmp_path: Path, out: str = "out") -> str:

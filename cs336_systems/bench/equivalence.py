@@ -44,14 +44,7 @@ class EquivalenceSetting:
 
     def validate(self) -> None:
         """ValueError for a comparison that cannot run, before any process starts."""
-        if self.variant not in EQUIVALENCE_VARIANTS:
-            raise ValueError(f"variant must be one of {', '.join(EQUIVALENCE_VARIANTS)}, got {self.variant!r}")
-        for name, value, low in (("world_size", self.world_size, 2), ("steps", self.steps, 1),
-                                 ("global_batch", self.global_batch, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-        if not self.atol >= 0:
-            raise ValueError(f"atol must be >= 0, got {self.atol!r}")
+        cli.check_fields(self)
         shard_rows(self.global_batch, 0, self.world_size)
         if running_under_launcher():
             # It compares every rank's parameters, so it must own all of them.

@@ -45,12 +45,3 @@ from cs336_systems.capacity.shapes import (
     Mesh,
     MixedPrecision,
 )
-
-__all__ = [
-    "BF16_BYTES", "FP8_BYTES", "FP32_BYTES", "Chip", "FeedForwardStack", "ForwardTimes", "Mesh", "MixedPrecision",
-    "best_split_fsdp_degree", "best_split_min_tokens_per_device", "compute_bound_fsdp_range", "devices_worth",
-    "forward_flops", "forward_times", "fsdp_bytes_per_device", "fsdp_comm_time", "gathered_block_bytes",
-    "math_time", "max_tensor_degree", "max_tokens_for_any_fsdp", "min_compute_bound_tokens", "min_fsdp_devices",
-    "parameter_count", "pipeline_bubble_fraction", "saved_activation_bytes", "saved_activation_bytes_per_token",
-    "smallest_compute_bound_batch", "state_bytes_per_parameter", "tp_comm_time", "training_state_bytes",
-]

@@ -20,18 +20,23 @@ from cs336_systems.cli.checks import (
     Check,
     Choice,
     ExistingFolder,
-    FolderName,
+    FOLDER_NAME,
     Integer,
-    Name,
+    NAME,
     Number,
     OutputFile,
     OutputFolder,
+    Word,
 )
-from cs336_systems.cli.options import Option, choice, count, fraction, nonnegative, option, positive, switch
+from cs336_systems.cli.options import (
+    Option,
+    check_fields,
+    choice,
+    count,
+    fraction,
+    nonnegative,
+    option,
+    positive,
+    switch,
+)
 from cs336_systems.cli.parser import Parser, format_table, stops_cleanly
-
-__all__ = [
-    "MAX_COUNT", "MAX_MB", "MAX_RANKS", "Check", "Choice", "ExistingFolder", "FolderName", "Integer", "Name",
-    "Number", "Option", "OutputFile", "OutputFolder", "Parser", "choice", "count", "format_table", "fraction",
-    "nonnegative", "option", "positive", "stops_cleanly", "switch",
-]

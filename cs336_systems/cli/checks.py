@@ -106,27 +106,29 @@ class Choice(Check):
 
 
 @dataclass(frozen=True)
-class Name(Check):
-    """A name given to an outside system (a SLURM partition, a job name): one word."""
+class Word(Check):
+    """One word of the characters ``pattern`` allows (a job name, a folder name); "." and ".." never."""
 
+    pattern: str = r"[A-Za-z0-9._+:-]+"
     allowed: str = "one word of letters, digits, '.', '_', '-', '+', ':'"
-    bad_values: tuple[str, ...] = ("", "two words", "semi;colon")
+    bad_values: tuple[str, ...] = ("", "two words", "semi;colon", "a/b", "..")
 
     def parse(self, text: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9._+:-]+", text):
+        if not re.fullmatch(self.pattern, text) or text in (".", ".."):
             raise self.refuse(text)
         return text
 
 
-@dataclass(frozen=True)
-class FolderName(Check):
-    allowed: str = "one folder name (letters, digits, '.', '_', '-')"
-    bad_values: tuple[str, ...] = ("a/b", "..", "")
+NAME = Word()  # a name given to an outside system (a SLURM partition, a job name)
+FOLDER_NAME = Word(r"[A-Za-z0-9._-]+", "one folder name (letters, digits, '.', '_', '-')")  # a results tag
 
-    def parse(self, text: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9._-]+", text) or text in (".", ".."):
-            raise self.refuse(text)
-        return text
+
+def _can_be_made(path: Path) -> bool:
+    """Whether the nearest existing ancestor of ``path`` is a folder (not a file)."""
+    for ancestor in path.resolve().parents:
+        if ancestor.exists():
+            return ancestor.is_dir()
+    return True
 
 
 @dataclass(frozen=True)
@@ -138,13 +140,8 @@ class OutputFile(Check):
 
     def parse(self, text: str) -> Path:
         path = Path(text)
-        if not text or path.is_dir() or text.endswith(("/", "\\")):
+        if not text or path.is_dir() or text.endswith(("/", "\\")) or not _can_be_made(path):
             raise self.refuse(text)
-        for ancestor in path.resolve().parents:
-            if ancestor.exists():
-                if not ancestor.is_dir():
-                    raise self.refuse(text)
-                break
         return path
 
 
@@ -157,13 +154,8 @@ class OutputFolder(Check):
 
     def parse(self, text: str) -> Path:
         path = Path(text)
-        if not text or (path.exists() and not path.is_dir()):
+        if not text or (path.exists() and not path.is_dir()) or not _can_be_made(path):
             raise self.refuse(text)
-        for ancestor in path.resolve().parents:
-            if ancestor.exists():
-                if not ancestor.is_dir():
-                    raise self.refuse(text)
-                break
         return path
 
 

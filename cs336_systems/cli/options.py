@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 from cs336_systems.cli.checks import MAX_COUNT, Check, Choice, Integer, Number
 
@@ -45,3 +47,18 @@ def choice(help: str, values: Iterable[str], many: bool = False) -> dict:
 
 def switch(help: str) -> dict:
     return option(help)
+
+
+def check_fields(settings: Any) -> None:
+    """Hold a settings object built in code to its flags' checks: ValueError naming the first field
+    whose value the check refuses (parsed settings passed them already). ``None`` means unset."""
+    for f in dataclasses.fields(settings):
+        opt = f.metadata.get("cli")
+        value = getattr(settings, f.name)
+        if opt is None or opt.check is None or value is None:
+            continue
+        for item in (value if opt.many else (value,)):
+            try:
+                opt.check.parse(str(item))
+            except argparse.ArgumentTypeError as e:
+                raise ValueError(f"{f.name} {e}") from None

@@ -13,23 +13,26 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from cs336_systems.cli.checks import Check, Choice, FolderName, Integer, Number, OutputFile
+from cs336_systems.cli.checks import FOLDER_NAME, Check, Choice, Integer, Number, OutputFile
 from cs336_systems.cli.options import Option
 from cs336_systems.launch.signals import Interrupted
-from cs336_systems.results.paths import results_path
+from cs336_systems.results.paths import RESULTS_ROOT, results_path
 
 
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser that builds a settings dataclass and reports its ValueErrors as usage errors."""
 
-    def __init__(self, settings: type, description: str, **kwargs: Any):
+    def __init__(self, settings: type, description: str, results_kind: str | None = None, **kwargs: Any):
         super().__init__(description=description, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
         self.settings = settings
+        self.results_kind = results_kind
         self._fields: dict[str, dataclasses.Field] = {}
         for f in dataclasses.fields(settings):
             opt = f.metadata.get("cli")
             if opt is not None:
                 self._add_field(f, opt)
+        if results_kind is not None:
+            self._add_output()
 
     def _add_field(self, f: dataclasses.Field, opt: Option) -> None:
         name = opt.flag or "--" + f.name.replace("_", "-")
@@ -47,16 +50,22 @@ class Parser(argparse.ArgumentParser):
             )
         self._fields[f.name] = f
 
-    def add_output(self, default_name: str) -> None:
+    def _add_output(self) -> None:
         """``--out`` (the results file) and ``--tag`` (its folder under writeup/results)."""
+        default = results_path(self.results_kind, "<tag>").relative_to(RESULTS_ROOT.parent.parent)
         self.add_argument("--out", type=OutputFile(), default=None, metavar="PATH",
-                          help=f"results file (default: writeup/results/<tag>/{default_name})")
-        self.add_argument("--tag", type=FolderName(), default=None, metavar="NAME",
+                          help=f"results file (default: {default.as_posix()})")
+        self.add_argument("--tag", type=FOLDER_NAME, default=None, metavar="NAME",
                           help="results folder under writeup/results (default: this machine's tag)")
 
-    def output_path(self, args: argparse.Namespace, kind: str, suffix: str | None = None) -> Path:
-        """Where the results go: ``--out``, else ``writeup/results/<--tag or machine tag>/<kind>[-<suffix>].json``."""
-        return args.out or results_path(kind, args.tag, suffix)
+    def parse_with_output(self, argv: Sequence[str] | None = None) -> tuple[Any, Path]:
+        """The settings and where their results go: ``--out``, else the results kind's path under
+        ``--tag`` (or this machine's tag), with the settings' ``results_suffix`` if they have one."""
+        settings, args = self.parse_settings(argv)
+        try:
+            return settings, args.out or results_path(self.results_kind, args.tag, getattr(settings, "results_suffix", None))
+        except ValueError as e:  # a bad BENCH_MACHINE_TAG
+            self.error(str(e))
 
     def settings_from(self, args: argparse.Namespace, **overrides: Any) -> Any:
         """The settings dataclass from parsed arguments; its validate() errors end the script (exit 2)."""

@@ -20,7 +20,3 @@ from cs336_systems.ddp.flat import FlatDDP
 from cs336_systems.ddp.naive import NaiveDDP
 from cs336_systems.ddp.per_parameter import PerParameterDDP
 from cs336_systems.ddp.variants import VARIANTS, Variant, variant
-
-__all__ = [
-    "VARIANTS", "BucketedDDP", "DataParallel", "FlatDDP", "NaiveDDP", "PerParameterDDP", "Variant", "variant",
-]

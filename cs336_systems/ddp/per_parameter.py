@@ -44,18 +44,9 @@ class PerParameterDDP(OverlappedDataParallel):
     per parameter, the ranks that produced its gradient (see base.py on unused parameters).
     """
 
-    def __init__(
-        self,
-        module: nn.Module,
-        process_group: dist.ProcessGroup | None = None,
-        *,
-        reorder_after_first_step: bool = True,
-        broadcast_buffers: bool = True,
-    ):
-        super().__init__(
-            module, process_group,
-            reorder_after_first_step=reorder_after_first_step, broadcast_buffers=broadcast_buffers,
-        )
+    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, **options: bool):
+        """``options``: OverlappedDataParallel's (``reorder_after_first_step``, ``broadcast_buffers``)."""
+        super().__init__(module, process_group, **options)
         self._usage = UsageCount(self.synced_params, self.comm)
         self._missing: list[int] = []
         self._install_units(self._build_units(self._initial_order()))

@@ -54,11 +54,3 @@ from cs336_systems.doctor.setting import (
     UNSEEDED,
     DoctorSetting,
 )
-
-__all__ = [
-    "AFTER_TRAINING", "AFTER_WRAPPING", "BEFORE_BROADCAST", "FAULTY_RANK", "INJECTIONS", "MISSING_RANK",
-    "OVERLAPPING_SHARDS", "STAGE_CAUSES", "STRAGGLER", "UNSEEDED", "CalibrationRow", "DoctorReport", "DoctorRun",
-    "DoctorSetting", "ParameterChecksum", "RankInfo", "build_report", "exit_status", "find_missing_ranks",
-    "find_parameter_mismatches", "find_shard_problems", "find_stragglers", "format_report", "parameter_checksums",
-    "ranks_text", "run_doctor", "run_doctor_scenarios",
-]

@@ -56,12 +56,6 @@ class DoctorSetting(WorkloadSetting):
     def validate(self) -> None:
         """ValueError for a setting that cannot work, before any rank starts."""
         super().validate()
-        for name in ("steps", "dataset_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
         if self.inject is not None and self.inject not in INJECTIONS:
             raise ValueError(f"inject must be one of {INJECTIONS} or None, got {self.inject!r}")
         if self.inject in ON_FAULTY_RANK and self.ranks <= FAULTY_RANK:

@@ -30,15 +30,3 @@ from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
 from cs336_systems.fsdp.schedule import MAX_REDUCTIONS_IN_FLIGHT, Schedule
 from cs336_systems.fsdp.sharded_weight import ShardedWeight, ShardLayout
 from cs336_systems.fsdp.wrapper import COMPUTE_DTYPES, SHARDED_TYPES, FullyShardedDataParallel
-
-__all__ = [
-    "COMPUTE_DTYPES",
-    "ExactGradients",
-    "ExactLayer",
-    "MAX_REDUCTIONS_IN_FLIGHT",
-    "SHARDED_TYPES",
-    "FullyShardedDataParallel",
-    "Schedule",
-    "ShardLayout",
-    "ShardedWeight",
-]

@@ -26,9 +26,3 @@ from cs336_systems.launch.env import (
 )
 from cs336_systems.launch.signals import Interrupted
 from cs336_systems.launch.spawn import RankFailedError, launch, run_ranks
-
-__all__ = [
-    "DEFAULT_TIMEOUT_S", "Interrupted", "RankContext", "RankFailedError", "backend_for_device", "check_devices",
-    "cpu_threads_per_rank", "default_device_type", "find_free_port", "init_from_env", "is_shared_gpu", "launch",
-    "launched_world_size", "ranks_on_this_node", "run_ranks", "running_under_launcher", "teardown",
-]

@@ -30,5 +30,7 @@ class LaunchSetting:
         return check_devices(self.device, self.backend, 1)[1] if self.backend is None else self.backend
 
     def validate(self) -> None:
-        """ValueError for a device or backend that cannot serve these ranks (before any start)."""
+        """ValueError for a value its flag's check refuses, or a device or backend that cannot serve
+        these ranks (before any start). Subclasses add their own checks after this one."""
+        cli.check_fields(self)
         check_devices(self.device, self.backend, ranks_on_this_node(self.ranks))

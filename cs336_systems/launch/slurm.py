@@ -60,12 +60,12 @@ class SlurmJobSpec:
     cpus_per_task: int | None = field(default=None, metadata=cli.count(
         "CPU cores per rank (default: the cluster's)", maximum=1024))
     partition: str | None = field(default=None, metadata=cli.option(
-        "SLURM partition (default: the cluster's)", cli.Name()))
+        "SLURM partition (default: the cluster's)", cli.NAME))
     time_min: int = field(default=60, metadata=cli.count("wall-clock limit of the job, minutes", maximum=60 * 24 * 30))
     folder: str | Path = field(default="slurm_logs", metadata=cli.option("submitit's logs and pickles", cli.OutputFolder()))
     cluster: str | None = field(default=None, metadata=cli.choice(
         "run without SLURM: 'local' subprocesses or 'debug' in this process (default: SLURM)", ("local", "debug")))
-    name: str = field(default="cs336-ddp", metadata=cli.option("job name shown by squeue", cli.Name()))
+    name: str = field(default="cs336-ddp", metadata=cli.option("job name shown by squeue", cli.NAME))
 
     @property
     def ranks_per_node(self) -> int:

@@ -83,6 +83,12 @@ def write_results(path: Path, results: ResultsFile) -> Path:
     return write_atomic(path, json.dumps(document, indent=2, sort_keys=True) + "\n")
 
 
+def save_results(path: Path, kind: str, setting: Any, records: list, environment: Environment,
+                 notes: dict[str, Any] | None = None) -> Path:
+    """Write one run: its settings dataclass, records, environment and notes (see :func:`write_results`)."""
+    return write_results(path, ResultsFile(kind, environment, to_json(setting), records, notes or {}))
+
+
 def read_results(path: Path, record_types: dict[str, type[Record]], source: str | None = None) -> ResultsFile:
     """Read a results file whose kind is one of ``record_types`` (kind -> record class).
 

@@ -13,7 +13,9 @@ from cs336_systems.results.environment import REPO_ROOT, machine_tag
 
 RESULTS_ROOT = REPO_ROOT / "writeup" / "results"
 SMOKE_PREFIX = "quick"  # results folders named quick* hold smoke runs, not results
-PROFILE_DIR = "profile"  # a machine folder's subfolder for the profiler's traces
+PROFILE_DIR = "profile"  # a machine folder's subfolder for the profiler's results and traces
+# Kinds whose files live in a subfolder of the machine's folder, beside files of their own.
+SUBFOLDER = {"profile": PROFILE_DIR}
 
 
 def results_dir(tag: str | None = None, root: Path = RESULTS_ROOT) -> Path:
@@ -25,11 +27,7 @@ def results_dir(tag: str | None = None, root: Path = RESULTS_ROOT) -> Path:
 
 
 def results_path(kind: str, tag: str | None = None, suffix: str | None = None, root: Path = RESULTS_ROOT) -> Path:
-    """The file of one run of ``kind``: ``<root>/<tag>/<kind>[-<suffix>].json``."""
+    """The file of one run of ``kind``: ``<root>/<tag>/[<subfolder>/]<kind>[-<suffix>].json``."""
     name = kind if not suffix else f"{kind}-{suffix}"
-    return results_dir(tag, root) / f"{name}.json"
-
-
-def kind_of(path: Path) -> str:
-    """The kind a results file name belongs to (its stem up to the first '-')."""
-    return path.stem.split("-", 1)[0]
+    folder = results_dir(tag, root)
+    return (folder / SUBFOLDER[kind] if kind in SUBFOLDER else folder) / f"{name}.json"

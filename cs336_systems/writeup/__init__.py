@@ -13,5 +13,3 @@ Modules, from input to output:
 """
 
 from cs336_systems.writeup.render import RenderedWriteup, render_writeup
-
-__all__ = ["RenderedWriteup", "render_writeup"]

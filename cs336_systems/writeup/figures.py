@@ -7,7 +7,11 @@ version there by default), so the same numbers give the same bytes on the same m
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import matplotlib.style
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from cs336_systems.results.files import atomic_path
@@ -29,3 +33,19 @@ def save(fig: Figure, path: Path) -> Path:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=DPI, metadata={"Software": None})
     return path
+
+
+def timeline_panels(timelines: Sequence[tuple[str, Any]], draw: Callable[[Axes, str, Any, bool], None],
+                    duration_ms: Callable[[Any], float], path: Path, row_height_in: float) -> Path:
+    """A PNG with one timeline per (title, timeline), top to bottom, on a shared time axis from 0
+    to the longest one; ``draw(ax, title, timeline, is_bottom)`` draws one panel."""
+    if not timelines:
+        raise ValueError("no timeline to draw")
+    # The default style whatever the caller's rcParams, so the same timelines give the same bytes.
+    with matplotlib.style.context("default"):
+        fig = Figure(figsize=(11.0, row_height_in * len(timelines)), layout="constrained")
+        axes = fig.subplots(len(timelines), 1, sharex=True, squeeze=False)[:, 0]
+        for i, (ax, (title, timeline)) in enumerate(zip(axes, timelines)):
+            draw(ax, title, timeline, i == len(timelines) - 1)
+        axes[0].set_xlim(0, max(duration_ms(t) for _, t in timelines))
+        return save(fig, Path(path))

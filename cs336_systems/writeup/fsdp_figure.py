@@ -13,18 +13,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import matplotlib.style
-from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from cs336_systems.bench.fsdp.record import COLLECTIVES, FsdpTimeline
-from cs336_systems.writeup.figures import save
+from cs336_systems.writeup.figures import timeline_panels
 
 PHASE_COLORS = {"forward": "#9ecae1", "backward": "#a1d99b", "finish": "#fdae6b", "optimizer_step": "#bcbddc"}
 COMPUTE_COLOR, WAIT_COLOR = "#31a354", "#fd8d3c"
 COLLECTIVE_COLORS = {"all_gather": "#3182bd", "reduce_scatter": "#de2d26", "all_reduce": "#756bb1",
                      "broadcast": "#636363"}
-ROW_HEIGHT_IN, WIDTH_IN = 3.0, 11.0
+ROW_HEIGHT_IN = 3.0  # inches per timeline
 
 
 def _bars(intervals: Sequence[Sequence[float]]) -> list[tuple[float, float]]:
@@ -62,12 +60,4 @@ def _draw(ax, title: str, timeline: FsdpTimeline, bottom: bool) -> None:
 
 def render_fsdp_timelines(timelines: Sequence[tuple[str, FsdpTimeline]], path: Path) -> Path:
     """A PNG with one panel per (title, timeline), top to bottom, on a shared time axis."""
-    if not timelines:
-        raise ValueError("no timeline to draw")
-    with matplotlib.style.context("default"):  # whatever the caller's rcParams: same input, same bytes
-        fig = Figure(figsize=(WIDTH_IN, ROW_HEIGHT_IN * len(timelines)), layout="constrained")
-        axes = fig.subplots(len(timelines), 1, sharex=True, squeeze=False)[:, 0]
-        for i, (ax, (title, timeline)) in enumerate(zip(axes, timelines)):
-            _draw(ax, title, timeline, bottom=i == len(timelines) - 1)
-        axes[0].set_xlim(0, max(t.duration_s for _, t in timelines) * 1e3)
-        return save(fig, Path(path))
+    return timeline_panels(timelines, _draw, lambda t: t.duration_s * 1e3, path, ROW_HEIGHT_IN)

@@ -13,7 +13,6 @@ from cs336_systems.bench.profile.record import ProfileRecord
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.variants import TORCH_DDP
 from cs336_systems.writeup import fmt
-from cs336_systems.writeup.allreduce_analysis import LinkFit
 from cs336_systems.writeup.context import RenderContext, Section
 from cs336_systems.writeup.coverage import CPU, GPU, not_measured_notes
 from cs336_systems.writeup.ddp_analysis import (

@@ -10,12 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Sequence
 
-import matplotlib.style
-from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from cs336_systems.bench.profile.timeline import Interval, StepTimeline
-from cs336_systems.writeup.figures import save
+from cs336_systems.writeup.figures import timeline_panels
 
 PHASE_STYLE = {  # label and colour of each phase bar
     "forward": ("forward", "#9ecae1"),
@@ -25,7 +23,7 @@ PHASE_STYLE = {  # label and colour of each phase bar
 }
 COMPUTE_COLOR, COMM_COLOR, WINDOW_COLOR = "#31a354", "#de2d26", "0.92"
 LANES = ("communication\n(all-reduce)", "backward\ncompute", "phase")  # bottom to top
-ROW_HEIGHT_IN, WIDTH_IN = 2.9, 11.0
+ROW_HEIGHT_IN = 2.9  # inches per timeline
 MS_PER_US = 1e-3
 
 
@@ -61,13 +59,7 @@ def _draw_timeline(ax, timeline: StepTimeline, title: str, bottom: bool) -> None
 
 def render_timelines(timelines: Sequence[tuple[str, StepTimeline]], path: Path) -> Path:
     """A PNG with one timeline per (title, timeline), top to bottom, on a shared time axis."""
-    if not timelines:
-        raise ValueError("no timeline to draw")
-    # The default style whatever the caller's rcParams, so the same timelines give the same bytes.
-    with matplotlib.style.context("default"):
-        fig = Figure(figsize=(WIDTH_IN, ROW_HEIGHT_IN * len(timelines)), layout="constrained")
-        axes = fig.subplots(len(timelines), 1, sharex=True, squeeze=False)[:, 0]
-        for i, (ax, (title, timeline)) in enumerate(zip(axes, timelines)):
-            _draw_timeline(ax, timeline, title, bottom=i == len(timelines) - 1)
-        axes[0].set_xlim(0, max(t.duration_us for _, t in timelines) * MS_PER_US)
-        return save(fig, Path(path))
+    def draw(ax, title: str, timeline: StepTimeline, bottom: bool) -> None:
+        _draw_timeline(ax, timeline, title, bottom=bottom)
+
+    return timeline_panels(timelines, draw, lambda t: t.duration_us * MS_PER_US, path, ROW_HEIGHT_IN)

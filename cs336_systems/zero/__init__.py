@@ -35,5 +35,3 @@ Modules:
 from cs336_systems.zero.assignment import assign_to_ranks, parameter_bytes
 from cs336_systems.zero.checkpoint import STATE_DICT_FORMAT
 from cs336_systems.zero.optimizer import ShardedOptimizer
-
-__all__ = ["STATE_DICT_FORMAT", "ShardedOptimizer", "assign_to_ranks", "parameter_bytes"]

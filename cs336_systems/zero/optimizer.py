@@ -121,21 +121,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _all_params(self) -> list[torch.Tensor]:
         return [p for group in self.param_groups for p in group["params"]]
 
-    def _push_hyperparameters(self) -> None:
-        """Copy hyperparameters (maybe edited, e.g. by an LR scheduler) to the local groups."""
+    def _copy_hyperparameters(self, to_local: bool) -> None:
+        """Copy hyperparameters to the local groups (``to_local``: they may have been edited, e.g. by an
+        LR scheduler) or back from them (after a state dict was loaded into them)."""
         assert self.local_optimizer is not None
         for group, local_group in zip(self.param_groups, self.local_optimizer.param_groups):
-            for key, value in group.items():
+            source, target = (group, local_group) if to_local else (local_group, group)
+            for key, value in source.items():
                 if key not in PARAM_KEYS:
-                    local_group[key] = value
-
-    def _pull_hyperparameters(self) -> None:
-        """Copy hyperparameters from the local groups (after loading a state dict into them)."""
-        assert self.local_optimizer is not None
-        for group, local_group in zip(self.param_groups, self.local_optimizer.param_groups):
-            for key, value in local_group.items():
-                if key not in PARAM_KEYS:
-                    group[key] = value
+                    target[key] = value
 
     # Step -----------------------------------------------------------------------------------
 
@@ -147,7 +141,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         they are broadcast unchanged, which keeps the broadcasts the same on every rank.
         """
         assert self.local_optimizer is not None
-        self._push_hyperparameters()
+        self._copy_hyperparameters(to_local=True)
         loss = self.local_optimizer.step(closure=closure, **kwargs)
         self.broadcast_calls_last_step = self._broadcast_shards()
         return loss
@@ -173,7 +167,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         load, use :meth:`consolidated_state_dict`. Like torch's, the returned tensors are the
         live state: save or copy them before stepping again.
         """
-        self._push_hyperparameters()
+        self._copy_hyperparameters(to_local=True)
         return checkpoint.shard_state_dict(self)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -181,7 +175,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         assert self.local_optimizer is not None
         checkpoint.check_shard_state_dict(self, state_dict)
         self.local_optimizer.load_state_dict(state_dict["shard"])
-        self._pull_hyperparameters()
+        self._copy_hyperparameters(to_local=False)
 
     def consolidated_state_dict(self) -> dict[str, Any]:
         """The whole optimizer's state in torch's format, on every rank (tensors on the CPU).
@@ -191,7 +185,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         unsharded ``optimizer_cls`` over the same parameters, or, through
         :meth:`load_consolidated_state_dict`, into a ShardedOptimizer of any world size.
         """
-        self._push_hyperparameters()
+        self._copy_hyperparameters(to_local=True)
         return checkpoint.consolidated_state_dict(self)
 
     def load_consolidated_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -202,4 +196,4 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """
         assert self.local_optimizer is not None
         self.local_optimizer.load_state_dict(checkpoint.local_shard_of(self, state_dict))
-        self._pull_hyperparameters()
+        self._copy_hyperparameters(to_local=False)

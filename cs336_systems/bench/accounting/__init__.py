@@ -39,11 +39,3 @@ from cs336_systems.bench.accounting.record import (
 )
 from cs336_systems.bench.accounting.run import AccountingRun, accounting_rank, run_accounting
 from cs336_systems.bench.accounting.setting import AccountingSetting
-
-__all__ = [
-    "CONFIGURATIONS", "PHASES", "SHARDED", "UNSHARDED", "AccountingRecord", "AccountingRun", "AccountingSetting",
-    "CommunicationVolumes", "CudaAllocatorMeter", "PhaseMemory", "RssMeter", "accounting_rank",
-    "communication_bytes_per_rank", "expected_adam_state_bytes", "fix_malloc_mmap_threshold",
-    "live_tensor_bytes", "meter_for", "optimizer_state_bytes", "read_proc_status", "run_accounting",
-    "sharded_minus_unsharded", "storage_bytes",
-]

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from cs336_systems.bench.script import BenchmarkRun
 from cs336_systems.bench.accounting.counting import (
     expected_adam_state_bytes,
     live_tensor_bytes,
@@ -48,13 +49,14 @@ from cs336_systems.zero import ShardedOptimizer
 
 
 @dataclass(frozen=True)
-class AccountingRun:
-    """A finished run, as one process sees it."""
+class AccountingRun(BenchmarkRun):
+    """A finished run, as one process sees it: every (configuration, rank) record, configurations in
+    order, ranks ascending."""
 
-    records: list[AccountingRecord]  # every (configuration, rank): configurations in order, ranks ascending
-    world_size: int  # ranks of the job
-    shared_gpu: bool  # ranks of a node took turns on one GPU
-    rank: int  # this process's rank (0 when the ranks were spawned here): rank 0 writes
+    @property
+    def notes(self) -> dict:
+        """Run-level figures for the results file."""
+        return {"n_parameters": self.records[0].n_parameters}
 
 
 def make_optimizer(
@@ -225,7 +227,7 @@ def accounting_rank(ctx: RankContext, setting: AccountingSetting) -> AccountingR
     gathered: list = [None] * ctx.world_size
     dist.all_gather_object(gathered, mine)
     records = [rank_records[i] for i in range(len(CONFIGURATIONS)) for rank_records in gathered]
-    return AccountingRun(records, ctx.world_size, ctx.shared_gpu, ctx.rank)
+    return AccountingRun(records=records, world_size=ctx.world_size, shared_gpu=ctx.shared_gpu, rank=ctx.rank)
 
 
 def run_accounting(setting: AccountingSetting) -> AccountingRun:

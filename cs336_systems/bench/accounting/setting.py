@@ -25,9 +25,6 @@ class AccountingSetting(WorkloadSetting):
     def validate(self) -> None:
         """ValueError for a setting that cannot run, before any process starts."""
         super().validate()
-        for name, value, low in (("steps", self.steps, 1), ("warmup_steps", self.warmup_steps, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         bucket_cap_bytes(self.bucket_size_mb)
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")

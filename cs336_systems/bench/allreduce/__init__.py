@@ -24,10 +24,3 @@ from cs336_systems.bench.allreduce.record import (
 from cs336_systems.bench.allreduce.run import console_table, is_writer_process, run_allreduce_benchmark
 from cs336_systems.bench.allreduce.setting import AllReduceSetting, GridPoint, payload_bytes
 from cs336_systems.bench.allreduce.timing import fill_pattern, matches_reduced_pattern, time_payload
-
-__all__ = [
-    "AllReduceRecord", "AllReduceSetting", "GridPoint", "GroupLimits", "GroupResult", "benchmark_group_rank",
-    "bus_bandwidth_factor", "console_table", "fill_pattern", "is_writer_process", "matches_reduced_pattern",
-    "measured_record", "memory_skip_reason", "payload_bytes", "plan_iterations", "run_allreduce_benchmark",
-    "skipped_record", "summarize_times", "time_payload",
-]

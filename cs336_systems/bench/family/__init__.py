@@ -15,6 +15,3 @@ from cs336_systems.bench.family.models import FAMILY, FamilyMember
 from cs336_systems.bench.family.record import FamilyRecord
 from cs336_systems.bench.family.run import FAMILY_VARIANTS, FamilyRun, run_family_benchmark
 from cs336_systems.bench.family.setting import FamilySetting
-
-__all__ = ["FAMILY", "FAMILY_VARIANTS", "FamilyMember", "FamilyRecord", "FamilyRun", "FamilySetting",
-           "run_family_benchmark"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cs336_systems.bench.script import BenchmarkRun
 from cs336_systems.bench.family.models import FAMILY, FamilyMember
 from cs336_systems.bench.family.record import FamilyRecord
 from cs336_systems.bench.family.setting import FamilySetting
@@ -37,14 +38,15 @@ RUN_TIMEOUT_S = 3600
 
 
 @dataclass(frozen=True)
-class FamilyRun:
+class FamilyRun(BenchmarkRun):
     """A finished run, as one process sees it."""
 
-    records: list[FamilyRecord]  # one per model, in the order run
-    world_size: int
-    shared_gpu: bool  # ranks of a node took turns on one GPU
-    threads_per_rank: int
-    rank: int  # this process's rank: rank 0 writes
+    threads_per_rank: int = 1  # torch's intra-op threads on each rank
+
+    @property
+    def notes(self) -> dict:
+        """Run-level figures for the results file."""
+        return {"threads_per_rank": self.threads_per_rank}
 
 
 def _workload(ctx: RankContext, member: FamilyMember, seed: int) -> Workload:
@@ -137,4 +139,5 @@ def run_family_benchmark(setting: FamilySetting) -> FamilyRun:
                         device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S)
     mine = results[0]
     records = [family_record(FAMILY[name], m) for name, m in mine["measured"].items()]
-    return FamilyRun(records, mine["world_size"], mine["shared_gpu"], mine["threads"], mine["rank"])
+    return FamilyRun(records=records, world_size=mine["world_size"], shared_gpu=mine["shared_gpu"], rank=mine["rank"],
+                     threads_per_rank=mine["threads"])

@@ -12,5 +12,3 @@
 from cs336_systems.bench.fsdp.record import FsdpStepRecord, FsdpTimeline
 from cs336_systems.bench.fsdp.run import FsdpRun, run_fsdp_benchmark
 from cs336_systems.bench.fsdp.setting import FsdpSetting
-
-__all__ = ["FsdpRun", "FsdpSetting", "FsdpStepRecord", "FsdpTimeline", "run_fsdp_benchmark"]

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from cs336_systems.bench.script import BenchmarkRun
 from cs336_systems.bench.allreduce.plan import available_memory_bytes, ranks_per_memory
 from cs336_systems.bench.fsdp.accounting import StepAccounting
 from cs336_systems.bench.fsdp.configurations import CONFIGURATIONS, Configuration, build_configuration
 from cs336_systems.bench.fsdp.formulas import FSDP, TORCH_FSDP
-from cs336_systems.bench.fsdp.record import MEMORY_PARTS, FsdpStepRecord
+from cs336_systems.bench.fsdp.record import MEMORY_PARTS
 from cs336_systems.bench.fsdp.setting import FsdpSetting
 from cs336_systems.bench.fsdp.summarize import Measured, summarize
 from cs336_systems.bench.fsdp.tracing import StepTracer
@@ -37,14 +38,15 @@ TRACED = (FSDP, TORCH_FSDP)  # whose step the writeup draws
 
 
 @dataclass(frozen=True)
-class FsdpRun:
+class FsdpRun(BenchmarkRun):
     """A finished run, as one process sees it."""
 
-    records: list[FsdpStepRecord]  # one per configuration, in CONFIGURATIONS order
-    n_parameters: int
-    world_size: int
-    shared_gpu: bool  # ranks of a node took turns on one GPU
-    rank: int  # this process's rank (0 when the ranks were spawned here): rank 0 writes
+    n_parameters: int = 0
+
+    @property
+    def notes(self) -> dict:
+        """Run-level figures for the results file."""
+        return {"n_parameters": self.n_parameters}
 
 
 def _timed_step(config: Configuration, work: Workload, device: torch.device) -> float:
@@ -148,4 +150,5 @@ def run_fsdp_benchmark(setting: FsdpSetting) -> FsdpRun:
     )
     mine = results[0]
     records = summarize(mine, setting)
-    return FsdpRun(records, mine["n_parameters"], mine["world_size"], mine["shared_gpu"], mine["rank"])
+    return FsdpRun(records=records, world_size=mine["world_size"], shared_gpu=mine["shared_gpu"], rank=mine["rank"],
+                   n_parameters=mine["n_parameters"])

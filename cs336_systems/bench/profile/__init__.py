@@ -28,10 +28,3 @@ from cs336_systems.bench.profile.trace import (
     load_trace,
     save_trace,
 )
-
-__all__ = [
-    "AUTOGRAD_NODE_PREFIX", "BACKENDS", "ENQUEUE_ALL_REDUCE", "GLOO_ALL_REDUCE", "PHASES", "PROFILED_VARIANTS",
-    "STEP_RANGE", "Interval", "ProfileRecord", "ProfileRun", "ProfileSetting", "StepTimeline",
-    "extract_step_timelines", "length_inside", "load_trace", "merge_intervals", "nsys_command", "profile_into", "save_trace",
-    "total_length",
-]

@@ -27,9 +27,3 @@ from cs336_systems.bench.step.variants import (
     communication_dtype,
     parse_bucketed,
 )
-
-__all__ = [
-    "ABLATION_VARIANTS", "COMPUTE_ONLY", "FLAT", "LEVER_SUFFIXES", "PLAIN_VARIANTS", "TORCH_DDP", "RawVariant", "StepRecord",
-    "StepRun", "StepSetting", "VariantName", "bucket_size_of", "bucketed_name", "check_variant_name",
-    "communication_dtype", "parse_bucketed", "run_step_benchmark", "summarize",
-]

@@ -30,8 +30,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from cs336_systems.bench.script import BenchmarkRun
 from cs336_systems.bench.step.probes import comm_dtype_error
-from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.setting import StepSetting
 from cs336_systems.bench.step.summarize import RawVariant, summarize
 from cs336_systems.bench.step.variants import (
@@ -67,14 +67,10 @@ class _Measurements:
 
 
 @dataclass(frozen=True)
-class StepRun:
+class StepRun(BenchmarkRun):
     """A finished run, as one process sees it."""
 
-    records: list[StepRecord]  # one per variant, in the order of the first round
-    n_parameters: int
-    world_size: int  # ranks of the job
-    shared_gpu: bool  # ranks of a node took turns on one GPU
-    rank: int  # this process's rank (0 when the ranks were spawned here): rank 0 writes
+    n_parameters: int = 0
     threads_per_rank: int | None = None  # torch's intra-op threads on each rank
     ranks_on_node: int | None = None  # ranks sharing this machine's cores (and GPUs)
     host_memory_bytes: int | None = None  # physical memory of this machine
@@ -257,6 +253,7 @@ def run_step_benchmark(setting: StepSetting) -> StepRun:
         device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S,
     )
     mine = results[0]
-    return StepRun(summarize(mine["raw"], setting.tokens_per_step), mine["n_parameters"], mine["world_size"],
-                   mine["shared_gpu"], mine["rank"], mine["threads_per_rank"], mine["ranks_on_node"],
-                   host_memory_bytes())
+    return StepRun(records=summarize(mine["raw"], setting.tokens_per_step), world_size=mine["world_size"],
+                   shared_gpu=mine["shared_gpu"], rank=mine["rank"], n_parameters=mine["n_parameters"],
+                   threads_per_rank=mine["threads_per_rank"], ranks_on_node=mine["ranks_on_node"],
+                   host_memory_bytes=host_memory_bytes())

@@ -53,10 +53,6 @@ class StepSetting(WorkloadSetting):
     def validate(self) -> None:
         """ValueError for a setting that cannot run, before any process starts."""
         super().validate()
-        for name, value, low in (("rounds", self.rounds, 1), ("steps_per_round", self.steps_per_round, 1),
-                                 ("warmup_steps", self.warmup_steps, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.ablation and self.variants is not None:
             raise ValueError("--ablation and --variants both choose the variants: give one of them")
         names = self.variant_names()
@@ -69,6 +65,6 @@ class StepSetting(WorkloadSetting):
             raise ValueError(f"--variants must include {COMPUTE_ONLY!r}: exposed overhead is measured against it")
 
     @property
-    def tag_suffix(self) -> str | None:
+    def results_suffix(self) -> str | None:
         """The results file's suffix: the ablation is its own run of this kind."""
         return "ablation" if self.ablation else None
