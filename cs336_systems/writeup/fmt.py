@@ -149,3 +149,12 @@ def run_heading(machine: Any, results: Any) -> str:
     """``### Machine `tag` `` and, when the file is not its kind's default one, the file too."""
     extra = "" if results.name == results.kind else f" · `{results.path.name}`"
     return f"### Machine `{machine.tag}`{extra}"
+
+
+def workload_setting_line(results: Any, *extra: str) -> str:
+    """:func:`setting_line` for a run that trained the LM: backend, ranks, model, batch, then ``extra``."""
+    env, setting = results.environment, results.setting
+    parts = [f"backend {env.backend}", f"world size {env.world_size}", f"model {setting.get('model_size', '?')}",
+             f"global batch {setting.get('global_batch', '?')} × context {setting.get('context_length', '?')}",
+             *extra]
+    return setting_line(env, results.source, parts=parts)

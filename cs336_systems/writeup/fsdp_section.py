@@ -87,11 +87,9 @@ def _timeline_sentence(name: str, t: FsdpTimeline) -> str:
 
 
 def _setting_line(results: ResultsFile) -> str:
-    env, setting = results.environment, results.setting
-    parts = [f"backend {env.backend}", f"world size {env.world_size}", f"model {setting.get('model_size', '?')}",
-             f"global batch {setting.get('global_batch', '?')} × context {setting.get('context_length', '?')}",
-             f"{setting.get('rounds', '?')} rounds of {setting.get('steps_per_round', '?')} step(s)"]
-    return fmt.setting_line(env, results.source, parts=parts)
+    setting = results.setting
+    return fmt.workload_setting_line(
+        results, f"{setting.get('rounds', '?')} rounds of {setting.get('steps_per_round', '?')} step(s)")
 
 
 def _paired(r: FsdpStepRecord) -> Paired | None:

@@ -38,11 +38,9 @@ COLUMNS_TEXT = (
 
 
 def _setting_line(results: ResultsFile) -> str:
-    env, setting = results.environment, results.setting
-    parts = [f"backend {env.backend}", f"world size {env.world_size}", f"model {setting.get('model_size', '?')}",
-             f"global batch {setting.get('global_batch', '?')} × context {setting.get('context_length', '?')}",
-             f"{setting.get('warmup_steps', '?')} warm-up and {setting.get('steps', '?')} profiled steps per variant"]
-    return fmt.setting_line(env, results.source, parts=parts)
+    setting = results.setting
+    return fmt.workload_setting_line(
+        results, f"{setting.get('warmup_steps', '?')} warm-up and {setting.get('steps', '?')} profiled steps per variant")
 
 
 def _row(r: ProfileRecord) -> list:
