@@ -127,7 +127,7 @@ def test_the_peak_after_initialisation_is_explained(rendered):
     text = rendered["text"]
     assert "Why the peak after initialisation is 2.00× the parameters (128 MB against 64.0 MB" in text
     assert "besides the parameters it holds 64.0 MB of transients" in text
-    assert "min(B, 128 MB) = 64.0 MB here" in text and "`trunc_normal_`" in text
+    assert "min(B, 64.0 MB) = 64.0 MB exists beside the parameters at once" in text and "`trunc_normal_`" in text
     assert "peaked lower: 24.0 MB above its parameters" in text
 
 

@@ -43,7 +43,7 @@ VARIANT_MEANING = {
     "bucketed-25MB-no-reorder": "25 MB buckets, rebuild in ready order off",
     DEFAULT_BUCKETED: "25 MB buckets, every lever on (the default)",
     BF16_BUCKETED: "the default, communicating in bfloat16",
-    AUTO_BUCKETED: "the default, bucket size from the overhead model",
+    AUTO_BUCKETED: "the default, bucket size chosen in its first steps by timing 25 MB and the overhead model's sizes",
     TORCH_DDP: "PyTorch's `DistributedDataParallel` at its defaults",
 }
 # (lever, the variant with that lever alone switched off) for the lever-by-lever comparison.

@@ -45,9 +45,9 @@ EXACT = """\
 **Exact-gradient mode.** `adapters.get_fsdp` builds our FSDP with `exact_gradients=True`, not the
 reduce-scatter mode timed here: the public 2026 tests compare FSDP with single-process training by
 `torch.equal` in float32, and no reduction of per-rank partial gradients is bitwise equal to one
-whole-batch matmul (a float32 chain over all rows is not two half-batch chains added; on this CPU about
-40 of 8192 elements of a layer differed by one ulp after a step, and torch's `fully_shard` fails that
-test the same way). Exact mode keeps the sharding, gathers and frees, but for each layer in backward it
+whole-batch matmul (a float32 chain over all rows is not two half-batch chains added, and the last
+bits differ: a reduce-scatter FSDP, ours or torch's `fully_shard`, fails that test on this machine's
+CPU). Exact mode keeps the sharding, gathers and frees, but for each layer in backward it
 all-gathers the layer's input and output gradient and recomputes the parameter gradients of the whole
 global batch with the layer's own forward, which is the single process's arithmetic. It costs the
 all-gathered activations and output gradients instead of the reduce-scattered gradients, and every rank

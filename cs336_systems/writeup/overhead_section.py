@@ -116,7 +116,8 @@ def _uncertain_sizes(p: OverheadPrediction, smallest_payload_mb: float) -> str:
                  + ", ".join(covered) + ": with many calls, the uncertainty of the per-call cost, extrapolated from "
                  f"payloads of {fmt.size_mb(smallest_payload_mb)} MB and up, is multiplied by the bucket count.")
     if missed:
-        text += (" " if text else "") + "It does not at " + ", ".join(missed) + "."
+        lead = "It does not at " if covered else "Even over the 95% intervals of $o$ and $w$ the channel-busy prediction misses at "
+        text += (" " if text else "") + lead + ", ".join(missed) + "."
     return text
 
 

@@ -95,7 +95,7 @@ def _baseline_sentence(records: list[AccountingRecord]) -> str:
 def _init_sentence(records: list[AccountingRecord]) -> str:
     r = max(records, key=lambda r: r.after_init.peak_above_baseline_bytes)
     b, init, model = r.parameter_bytes, r.after_init, r.after_model
-    two_chunks = min(b, 2 * DEFAULT_CHUNK_BYTES)
+    one_chunk = min(b, DEFAULT_CHUNK_BYTES)
     if r.method == "rss":
         higher = "higher" if model.other_bytes > init.other_bytes else "lower"
         building = (f"Building the model, before that, peaked {higher}: {fmt.mb(model.other_bytes)} MB above its "
@@ -110,9 +110,9 @@ def _init_sentence(records: list[AccountingRecord]) -> str:
         f"({fmt.mb(init.peak_above_baseline_bytes)} MB against {fmt.mb(b)} MB; {r.configuration}, rank {r.rank}): "
         f"besides the parameters it holds {fmt.mb(init.other_bytes)} MB of transients. The DDP wrapper broadcasts "
         "rank 0's parameters and buffers when it is built, packed into flat buffers of at most "
-        f"{fmt.mb(DEFAULT_CHUNK_BYTES)} MB (`cs336_systems/comm/coalesced.py`), and a buffer is released only once "
-        f"the next one is packed, so up to two exist at once: min(B, {fmt.mb(2 * DEFAULT_CHUNK_BYTES)} MB) = "
-        f"{fmt.mb(two_chunks)} MB here. The optimizer adds nothing yet (AdamW creates its state at the first step). "
+        f"{fmt.mb(DEFAULT_CHUNK_BYTES)} MB (`cs336_systems/comm/coalesced.py`), built and freed one at a time, so up "
+        f"to min(B, {fmt.mb(DEFAULT_CHUNK_BYTES)} MB) = {fmt.mb(one_chunk)} MB exists beside the parameters at once. "
+        "The optimizer adds nothing yet (AdamW creates its state at the first step). "
         + building
     )
 
