@@ -125,6 +125,13 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def _truncated_normal(rows: int, cols: int, std: float, device=None, dtype=None) -> nn.Parameter:
+    """A (rows, cols) parameter drawn from N(0, std^2) truncated at 3 std."""
+    weight = torch.empty(rows, cols, device=device, dtype=dtype)
+    nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+    return nn.Parameter(weight)
+
+
 class Linear(nn.Module):
     """``y = x W^T`` with ``W`` of shape (d_out, d_in) and no bias.
 
@@ -135,10 +142,7 @@ class Linear(nn.Module):
 
     def __init__(self, d_in: int, d_out: int, device=None, dtype=None):
         super().__init__()
-        std = math.sqrt(2.0 / (d_in + d_out))
-        weight = torch.empty(d_out, d_in, device=device, dtype=dtype)
-        nn.init.trunc_normal_(weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
-        self.weight = nn.Parameter(weight)
+        self.weight = _truncated_normal(d_out, d_in, math.sqrt(2.0 / (d_in + d_out)), device, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
@@ -157,9 +161,7 @@ class Embedding(nn.Module):
 
     def __init__(self, num_embeddings: int, embedding_dim: int, device=None, dtype=None):
         super().__init__()
-        weight = torch.empty(num_embeddings, embedding_dim, device=device, dtype=dtype)
-        nn.init.trunc_normal_(weight, mean=0.0, std=1.0, a=-3.0, b=3.0)
-        self.weight = nn.Parameter(weight)
+        self.weight = _truncated_normal(num_embeddings, embedding_dim, 1.0, device, dtype)
 
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(token_ids, self.weight)
