@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import torch
 
-from cs336_systems.ddp import BucketedDDP, FlatDDP, NaiveDDP, PerParameterDDP
+from cs336_systems.ddp import VARIANTS
 from cs336_systems.fsdp import FullyShardedDataParallel
 from cs336_systems.zero import ShardedOptimizer
 
@@ -18,7 +18,7 @@ from cs336_systems.zero import ShardedOptimizer
 def get_ddp(module: torch.nn.Module) -> torch.nn.Module:
     """Wrap ``module`` in DDP that all-reduces each parameter's gradient as soon as it is ready
     (the 2026 suite's name for the individual-parameters variant)."""
-    return PerParameterDDP(module)
+    return VARIANTS["per-parameter"].wrap(module)
 
 
 def ddp_on_after_backward(ddp_model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -64,17 +64,17 @@ def fsdp_gather_full_params(fsdp_model: torch.nn.Module) -> dict[str, torch.Tens
 # through this file.
 def get_ddp_naive(module: torch.nn.Module) -> torch.nn.Module:
     """Wrap ``module`` in DDP that all-reduces each gradient after backward, one call each."""
-    return NaiveDDP(module)
+    return VARIANTS["naive"].wrap(module)
 
 
 def get_ddp_flat(module: torch.nn.Module) -> torch.nn.Module:
     """Wrap ``module`` in DDP that all-reduces all gradients flattened into one buffer."""
-    return FlatDDP(module)
+    return VARIANTS["flat"].wrap(module)
 
 
 def get_ddp_individual_parameters(module: torch.nn.Module) -> torch.nn.Module:
     """Wrap ``module`` in DDP that all-reduces each parameter's gradient as soon as it is ready."""
-    return PerParameterDDP(module)
+    return VARIANTS["per-parameter"].wrap(module)
 
 
 def ddp_individual_parameters_on_after_backward(
@@ -86,7 +86,7 @@ def ddp_individual_parameters_on_after_backward(
 
 def get_ddp_bucketed(module: torch.nn.Module, bucket_size_mb: float | None) -> torch.nn.Module:
     """Wrap ``module`` in DDP that all-reduces buckets of at most ``bucket_size_mb`` MiB."""
-    return BucketedDDP(module, bucket_size_mb=bucket_size_mb)
+    return VARIANTS["bucketed"].wrap(module, bucket_size_mb=bucket_size_mb)
 
 
 def ddp_bucketed_on_after_backward(
