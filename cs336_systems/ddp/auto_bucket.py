@@ -51,7 +51,8 @@ from cs336_systems.units import KB, MB
 CALIBRATION_PAYLOAD_BYTES = (64 * KB, 512 * KB, 4 * MB)
 CALIBRATION_ITERS = 5
 FLOAT32_BYTES = 4
-DEFAULT_BUCKET_BYTES = 25 * MB  # torch's DDP default (bucket_cap_mb=25), and BucketedDDP's
+DEFAULT_BUCKET_MB = 25.0  # torch's DDP default (bucket_cap_mb=25), and BucketedDDP's
+DEFAULT_BUCKET_BYTES = DEFAULT_BUCKET_MB * MB
 NEIGHBOUR_FACTOR = 2.0  # the model's cap is tried beside this factor below and above it
 TUNING_ROUNDS = 4  # timed steps of each candidate; a sign test over 4 rounds errs at most 1 time in 16
 

@@ -34,6 +34,7 @@ from torch import nn
 
 from cs336_systems.comm.timing import sync_device
 from cs336_systems.ddp.auto_bucket import (
+    DEFAULT_BUCKET_MB,
     TUNING_ROUNDS,
     AllReduceCalibration,
     BucketTuner,
@@ -87,7 +88,7 @@ class BucketedDDP(OverlappedDataParallel):
     def __init__(
         self,
         module: nn.Module,
-        bucket_size_mb: float | str | None = 25.0,
+        bucket_size_mb: float | str | None = DEFAULT_BUCKET_MB,
         process_group: dist.ProcessGroup | None = None,
         *,
         gradient_as_bucket_view: bool = True,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, fields
 
 from cs336_systems import cli
 from cs336_systems.bench.workload import WorkloadSetting
-from cs336_systems.ddp.auto_bucket import check_calibration
+from cs336_systems.ddp.auto_bucket import DEFAULT_BUCKET_MB, check_calibration
 from cs336_systems.units import KB, MB
 
 UNSEEDED = "unseeded-no-broadcast"  # each rank seeds differently; the raw model trains unwrapped
@@ -43,7 +43,7 @@ class DoctorSetting(WorkloadSetting):
         "process-group timeout: bounds every collective", high=86400.0))
     inject: str | None = field(default=None, metadata=cli.choice("plant a known fault", INJECTIONS))
     warmup_steps: int = 1  # untimed steps (the first pays allocation and bucket set-up)
-    bucket_size_mb: float = 25.0  # BucketedDDP's cap in the step (MB = 2**20 bytes)
+    bucket_size_mb: float = DEFAULT_BUCKET_MB  # BucketedDDP's cap in the step (MB = 2**20 bytes)
     straggler_min_excess_s: float = 0.02  # a straggler is also this much slower (timer noise)
     calibration_bytes: tuple[int, ...] = (4 * KB, 64 * KB, 512 * KB, 4 * MB)  # all-reduce payloads to time
     calibration_iters: int = 10  # timed all-reduces per payload (after one warm-up)

@@ -26,6 +26,7 @@ import sys
 
 import torch
 
+from cs336_systems.comm.timing import sync_device
 from cs336_systems.units import KB
 
 _PROC_STATUS = "/proc/self/status"
@@ -108,11 +109,11 @@ class CudaAllocatorMeter:
         self.device = device
 
     def reset_peak(self) -> None:
-        torch.cuda.synchronize(self.device)
+        sync_device(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
 
     def read(self) -> tuple[int, int | None]:
-        torch.cuda.synchronize(self.device)
+        sync_device(self.device)
         return torch.cuda.max_memory_allocated(self.device), torch.cuda.memory_allocated(self.device)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from cs336_systems import cli
-from cs336_systems.launch import check_devices, launched_world_size, ranks_on_this_node
+from cs336_systems.launch import backend_for_device, check_devices, launched_world_size, ranks_on_this_node
 from cs336_systems.units import MB
 
 FLOAT32_BYTES = 4
@@ -57,7 +57,7 @@ class AllReduceSetting:
         """The backends to run, in order ('both' is gloo then nccl; None is the device's default)."""
         if self.backend == "both":
             return list(BACKENDS)
-        return [self.backend or ("nccl" if self.device == "cuda" else "gloo")]
+        return [self.backend or backend_for_device(self.device)]
 
     @property
     def group_world_sizes(self) -> list[int]:

@@ -26,6 +26,7 @@ from torch import nn
 from cs336_systems.bench.fsdp.formulas import DDP, FSDP, TORCH_FSDP, ZERO1
 from cs336_systems.bench.workload import Workload
 from cs336_systems.ddp import BucketedDDP
+from cs336_systems.ddp.auto_bucket import DEFAULT_BUCKET_MB
 from cs336_systems.fsdp import FullyShardedDataParallel
 from cs336_systems.zero import ShardedOptimizer
 
@@ -36,7 +37,6 @@ DESCRIPTIONS = {
     FSDP: "our FSDP (reduce-scatter mode), AdamW on the shards",
     TORCH_FSDP: "torch's fully_shard per block and on the model, AdamW on the shards",
 }
-BUCKET_SIZE_MB = 25.0  # torch DDP's default bucket_cap_mb
 LR = 1e-4
 PHASES = ("forward", "backward", "finish", "optimizer_step")
 
@@ -80,7 +80,7 @@ def build_configuration(name: str, base: nn.Module) -> Configuration:
     """Configuration ``name`` on a copy of ``base`` (collective: all ranks build alike, in order)."""
     module = copy.deepcopy(base)
     if name in (DDP, ZERO1):
-        ddp = BucketedDDP(module, bucket_size_mb=BUCKET_SIZE_MB)
+        ddp = BucketedDDP(module, bucket_size_mb=DEFAULT_BUCKET_MB)
         if name == DDP:
             optimizer = torch.optim.AdamW(module.parameters(), lr=LR)
         else:
