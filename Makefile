@@ -15,7 +15,7 @@ endif
 unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
-.PHONY: help env test bench bench-quick bench-gpu writeup doctor
+.PHONY: help env test grade bench bench-quick bench-gpu writeup doctor
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -32,6 +32,19 @@ endif
 
 test: env ## run every correctness test in parallel, print the grade table and write it to writeup/results
 	$(PY) -m pytest -n auto --dist loadgroup --grades-out auto
+
+# make grade SUBMISSION=<checkout or .zip> [OUT=dir] [REPEATS=3] [EDITION=2025|2026]
+# make grade SUBMISSIONS=<folder of checkouts and zips> [OUT=dir] [JOBS=n]
+grade: env ## grade a student's checkout or zip (SUBMISSION=) or a folder of them (SUBMISSIONS=): results.json, grade.md
+ifneq ($(SUBMISSIONS),)
+	$(PY) -m grading --folder "$(SUBMISSIONS)" $(if $(OUT),--out "$(OUT)") --repeats $(or $(REPEATS),3) \
+		$(if $(EDITION),--edition $(EDITION)) $(if $(JOBS),--jobs $(JOBS))
+else ifneq ($(SUBMISSION),)
+	$(PY) -m grading "$(SUBMISSION)" $(if $(OUT),--out "$(OUT)") --repeats $(or $(REPEATS),3) \
+		$(if $(EDITION),--edition $(EDITION))
+else
+	@echo "usage: make grade SUBMISSION=<checkout or .zip> | SUBMISSIONS=<folder> [OUT=dir] [REPEATS=n] [EDITION=2025|2026]"; exit 2
+endif
 
 bench: env ## CPU benchmarks with gloo on this machine (<15 min on 2 cores), then the writeup
 	$(PY) scripts/run_benchmarks.py --suite cpu

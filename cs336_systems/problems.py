@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from cs336_systems.results.schema import Record
+from grading.problems import POINTS  # the handout's points, kept with the grader that awards them
 
 CODE, MEASURED, WRITTEN = "code", "measured", "written"  # what a problem's deliverable is
 
@@ -20,36 +21,45 @@ CODE, MEASURED, WRITTEN = "code", "measured", "written"  # what a problem's deli
 @dataclass(frozen=True)
 class Problem:
     name: str  # the handout's name for it
-    points: int  # the handout's points
-    edition: str  # "2025", "2026" or "both"
     deliverable: str  # CODE (graded by tests), MEASURED (a benchmark and its writeup), WRITTEN (analysis)
     where: tuple[str, ...]  # the code that answers it, from the repository root
     tested: bool  # graded by the test suite (the grade table's rows)
 
+    @property
+    def points(self) -> int:
+        """The handout's points (grading/problems.py)."""
+        return POINTS[self.name][0]
+
+    @property
+    def edition(self) -> str:
+        """"2025", "2026" or "both"."""
+        editions = POINTS[self.name][1]
+        return editions[0] if len(editions) == 1 else "both"
+
 
 PROBLEMS: tuple[Problem, ...] = (
-    Problem("distributed_communication_single_node", 5, "both", MEASURED,
+    Problem("distributed_communication_single_node", MEASURED,
             ("cs336_systems/bench/allreduce/", "scripts/bench_allreduce.py"), True),
-    Problem("naive_ddp", 5, "both", CODE,
+    Problem("naive_ddp", CODE,
             ("cs336_systems/ddp/naive.py", "cs336_systems/bench/equivalence.py", "scripts/naive_ddp.py"), True),
-    Problem("naive_ddp_benchmarking", 3, "both", MEASURED, ("cs336_systems/bench/step/", "scripts/bench_ddp.py"), True),
-    Problem("minimal_ddp_flat_benchmarking", 2, "both", MEASURED,
+    Problem("naive_ddp_benchmarking", MEASURED, ("cs336_systems/bench/step/", "scripts/bench_ddp.py"), True),
+    Problem("minimal_ddp_flat_benchmarking", MEASURED,
             ("cs336_systems/ddp/flat.py", "cs336_systems/bench/step/"), True),
-    Problem("ddp_overlap_individual_parameters", 5, "both", CODE,
+    Problem("ddp_overlap_individual_parameters", CODE,
             ("cs336_systems/ddp/per_parameter.py", "cs336_systems/ddp/overlap.py"), True),
-    Problem("ddp_overlap_individual_parameters_benchmarking", 1, "both", MEASURED,
+    Problem("ddp_overlap_individual_parameters_benchmarking", MEASURED,
             ("cs336_systems/bench/step/", "cs336_systems/bench/profile/", "scripts/profile_ddp.py"), True),
-    Problem("ddp_overlap_bucketed", 8, "2025", CODE,
+    Problem("ddp_overlap_bucketed", CODE,
             ("cs336_systems/ddp/bucketed.py", "cs336_systems/ddp/bucket.py", "cs336_systems/ddp/flat_buffer.py"), True),
-    Problem("ddp_bucketed_benchmarking", 3, "2025", MEASURED,
+    Problem("ddp_bucketed_benchmarking", MEASURED,
             ("cs336_systems/bench/step/", "cs336_systems/ddp/overhead_model.py"), True),
-    Problem("communication_accounting", 10, "2025", WRITTEN,
+    Problem("communication_accounting", WRITTEN,
             ("cs336_systems/capacity/", "cs336_systems/writeup/communication_accounting_section.py"), False),
-    Problem("optimizer_state_sharding", 15, "both", CODE, ("cs336_systems/zero/",), True),
-    Problem("optimizer_state_sharding_accounting", 5, "both", MEASURED,
+    Problem("optimizer_state_sharding", CODE, ("cs336_systems/zero/",), True),
+    Problem("optimizer_state_sharding_accounting", MEASURED,
             ("cs336_systems/bench/accounting/", "scripts/bench_sharded_optimizer.py"), False),
-    Problem("fsdp", 15, "2026", CODE, ("cs336_systems/fsdp/",), True),
-    Problem("fsdp_accounting", 5, "2026", MEASURED, ("cs336_systems/bench/fsdp/", "scripts/bench_fsdp.py"), False),
+    Problem("fsdp", CODE, ("cs336_systems/fsdp/",), True),
+    Problem("fsdp_accounting", MEASURED, ("cs336_systems/bench/fsdp/", "scripts/bench_fsdp.py"), False),
 )
 BY_NAME = {p.name: p for p in PROBLEMS}
 TESTED_POINTS = {p.name: p.points for p in PROBLEMS if p.tested}

@@ -1,5 +1,9 @@
 """The grade table printed at the end of ``make test``: tests passed and points per problem.
 
+``make test`` collects the hidden-style suite (grading/suite, the one ``make grade`` runs on a
+student's submission) on this checkout, beside this repository's own tests, so the two share one
+suite and cannot drift.
+
 Each test names the handout problem it grades with ``@pytest.mark.problem("<name>")``. The
 public CS336 test files carry no marker, so they are recognised by file name. Points are the
 handout's (cs336_systems/problems.py: spring 2025 section 2, and the 2026 edition's FSDP); a

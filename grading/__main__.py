@@ -1,0 +1,49 @@
+"""``python -m grading``: grade a submission or a folder of them (``make grade``).
+
+    python -m grading SUBMISSION [--out DIR] [--repeats N] [--edition 2025|2026]
+    python -m grading --folder FOLDER [--out DIR] [--jobs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from grading.harness import Limits, grade, grade_folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grading", description=__doc__.splitlines()[0])
+    parser.add_argument("submission", nargs="?", type=Path, help="a checkout (folder) or a zip")
+    parser.add_argument("--folder", type=Path, help="grade every checkout and zip in this folder")
+    parser.add_argument("--out", type=Path, help="default: grades/<submission name>/ (grades/ for a folder)")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each test; it scores only if all pass")
+    parser.add_argument("--edition", choices=("2025", "2026"), help="default: from the adapters it implements")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="submissions graded at once")
+    parser.add_argument("--test-timeout", type=float, default=Limits.test_timeout_s, help="seconds per test")
+    parser.add_argument("--time-limit", type=float, default=Limits.submission_timeout_s,
+                        help="seconds for a whole submission")
+    parser.add_argument("--memory-gb", type=float, default=Limits.memory_gb, help="address space per process")
+    args = parser.parse_args(argv)
+    if (args.submission is None) == (args.folder is None):
+        parser.error("give one SUBMISSION or --folder FOLDER")
+    if args.repeats < 1 or args.jobs < 1 or args.test_timeout <= 0 or args.time_limit <= 0:
+        parser.error("--repeats, --jobs, --test-timeout and --time-limit must be positive")
+    target = args.folder or args.submission
+    if not target.exists():
+        parser.error(f"{target} does not exist")
+    if args.submission is not None and not (target.is_dir() or target.suffix == ".zip"):
+        parser.error(f"{target} is neither a folder nor a .zip")
+    limits = Limits(args.test_timeout, args.time_limit, args.memory_gb)
+    if args.folder:
+        grade_folder(args.folder, args.out or Path("grades"), args.repeats, args.edition, limits, args.jobs)
+    else:
+        name = args.submission.resolve().name.removesuffix(".zip")
+        grade(args.submission, args.out or Path("grades") / name, args.repeats, args.edition, limits)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""pytest plugin of a grading run: repeats every test, writes each outcome as JSON.
+
+``--grading-repeats N`` runs every test N times (ids end in ``-rep1`` … ``-repN``); the report
+(report.py) scores a test only if all its repetitions passed. ``--grading-json PATH`` writes (JSON
+lines) each collected test, then one entry per test run: id without the repetition, problem, passed, the one-line reason, seconds.
+The harness runs pytest with ``--tb=no -q`` and its output into a log file: the console never
+shows a traceback, and the reason the grade gives is the last line of the failure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+REPEAT_ID = re.compile(r"(\[|-)rep\d+\]$")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("grading")
+    group.addoption("--grading-repeats", type=int, default=1, help="run every test this many times")
+    group.addoption("--grading-json", default=None, help="write every test run's outcome here")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "problem(name): the handout problem a test grades")
+    config.pluginmanager.register(_Recorder(config.getoption("--grading-json")), "grading-recorder")
+
+
+@pytest.fixture(autouse=True)
+def grading_repetition(request):
+    return getattr(request, "param", 1)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    repeats = metafunc.config.getoption("--grading-repeats")
+    if repeats > 1 and "grading_repetition" in metafunc.fixturenames:
+        metafunc.parametrize("grading_repetition", range(1, repeats + 1), indirect=True,
+                             ids=[f"rep{i}" for i in range(1, repeats + 1)])
+
+
+def test_name(nodeid: str) -> str:
+    """A test's id without its repetition: ``file::test[params]``."""
+    name = REPEAT_ID.sub(lambda m: "]" if m.group(1) == "-" else "", nodeid)
+    return name.replace("[]", "").removeprefix("grading/suite/")
+
+
+def reason_of(report: pytest.TestReport) -> str:
+    text = report.longreprtext.strip() if report.longrepr else ""
+    if isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
+        text = report.longrepr[2]
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    errors = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
+    return (errors[0] if errors else lines[-1]).strip()
+
+
+class _Recorder:
+    def __init__(self, path: str | None):
+        self.path = path
+        self.problem: dict[str, str] = {}
+
+    def _write(self, entry: dict) -> None:
+        """One JSON line, written at once: a run killed at its time limit keeps what it graded."""
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            marker = item.get_closest_marker("problem")
+            self.problem[item.nodeid] = marker.args[0] if marker else "beyond"
+        for name in dict.fromkeys(test_name(item.nodeid) for item in items):
+            self._write({"collected": name, "problem": self.problem[next(
+                i.nodeid for i in items if test_name(i.nodeid) == name)]})
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or report.failed or report.skipped:
+            if report.when != "call" and report.passed:
+                return
+            self._write({"test": test_name(report.nodeid), "problem": self.problem.get(report.nodeid, "beyond"),
+                              "passed": report.passed, "skipped": report.skipped,
+                              "reason": "" if report.passed else reason_of(report),
+                              "seconds": round(report.duration, 2)})

@@ -1,0 +1,53 @@
+"""Which tests run for the graded edition, each test's problem, and the hang rule.
+
+``GRADING_EDITION`` ("2025", "2026" or "both"; the harness sets it from the adapters file) picks
+the problems and the adapter names. A problem whose test timed out runs none of its remaining
+tests: a deadlock is nearly always the implementation's, not the test's, and running on would
+cost a timeout per test (they fail at once with the first one's reason instead).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from grading.problems import EDITIONS, GRADED
+from grading.ranks import RankFailure, run_ranks
+
+EDITION = os.environ.get("GRADING_EDITION", "both")
+if EDITION not in EDITIONS:
+    raise pytest.UsageError(f"GRADING_EDITION must be one of {EDITIONS}, got {EDITION!r}")
+
+ONLY = tuple(filter(None, os.environ.get("GRADING_PROBLEMS", "").split(",")))  # grade just these
+
+_hung: dict[str, str] = {}  # problem -> the test that timed out first
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("problem")
+        chosen = marker is None or (marker.args[0] in GRADED[EDITION] and (not ONLY or marker.args[0] in ONLY))
+        (keep if chosen else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture
+def ranks(request: pytest.FixtureRequest):
+    """``ranks(fn, world_size, *args)``: run a rank function; a failure fails the test in one line."""
+    problem = request.node.get_closest_marker("problem").args[0]
+    if problem in _hung:
+        pytest.fail(f"not run: {_hung[problem]} timed out, and a hang stops its problem's tests", pytrace=False)
+
+    def run(fn, world_size: int, *args):
+        try:
+            return run_ranks(fn, world_size, *args)
+        except RankFailure as failure:
+            if failure.timed_out:
+                _hung.setdefault(problem, request.node.originalname)
+            pytest.fail(failure.reason, pytrace=False)
+
+    return run

@@ -1,0 +1,225 @@
+"""The grader judged by what it fails: graded fixture submissions and the scores they must get.
+
+``tests/fixtures/submission`` is a small, correct, student-style solution of both editions that
+shares no code with this repository. Each wrong submission is that tree with one edit (a
+mutant): sums instead of averages, a deadlock, a syntax error, an import error, the public stub,
+and the shortcuts the public tests let through (no overlap, the bucket size ignored, the full
+optimizer state or full weights on every rank, weights rebuilt from a seed). Every mutant must
+lose exactly the problem it breaks, with a one-line reason, and leave the others' points alone.
+Grading runs with one repetition and only the problems a case needs, to keep ``make test`` quick.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import shutil
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from grading.harness import Limits, grade, grade_folder
+from grading.problems import POINTS
+
+pytestmark = pytest.mark.problem("beyond")
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "submission"
+PER_PARAMETER, BUCKETED = "ddp_overlap_individual_parameters", "ddp_overlap_bucketed"
+ZERO, FSDP = "optimizer_state_sharding", "fsdp"
+QUICK = Limits(test_timeout_s=60, submission_timeout_s=600)
+
+# name -> edits (file, old text, new text), each applied exactly once
+MUTANTS: dict[str, list[tuple[str, str, str]]] = {
+    "sums": [("cs336_systems/ddp.py", "        p.grad.div_(self.world_size)\n", "")],
+    "deadlock": [("cs336_systems/ddp.py", "        for handle in self.handles:\n",
+                  "        peer = (dist.get_rank() + 1) % self.world_size\n"
+                  "        dist.recv(torch.zeros(1), src=peer)  # every rank waits for its peer: none sends\n"
+                  "        for handle in self.handles:\n")],
+    "syntax": [("cs336_systems/ddp.py", "def trainable(", "def broken(:\n    pass\n\n\ndef trainable(")],
+    "import_error": [("cs336_systems/sharded_optimizer.py", "import torch\n", "import torch\nimport cs336_systems.helpers\n")],
+    "no_overlap": [("cs336_systems/ddp.py", "        p.grad.div_(self.world_size)\n        self.handles.append(dist.all_reduce(p.grad, async_op=True))\n",
+                    "        self.ready.append(p)\n"),
+                   ("cs336_systems/ddp.py", "        self.handles = []\n", "        self.handles, self.ready = [], []\n"),
+                   ("cs336_systems/ddp.py", "        for handle in self.handles:\n",
+                    "        for p in self.ready:\n"
+                    "            self.handles.append(dist.all_reduce(p.grad.div_(self.world_size), async_op=True))\n"
+                    "        self.ready.clear()\n"
+                    "        for handle in self.handles:\n")],
+    "ignores_bucket_size": [("cs336_systems/ddp.py", "cap = bucket_size_mb * 1024 * 1024", "cap = 0")],
+    "full_optimizer_state": [("cs336_systems/sharded_optimizer.py", "if i % self.world_size == self.rank]", "]"),
+                             ("cs336_systems/sharded_optimizer.py", "dist.broadcast(p.data, src=i % self.world_size)",
+                              "pass")],
+    "full_weights": [("cs336_systems/fsdp.py", "                self.sharded[m] = (full.shape, full.numel())\n",
+                      "                self.sharded[m] = (full.shape, full.numel())\n"
+                      "                m.full_copy = full.clone()\n")],
+    "reseeds": [("cs336_systems/ddp.py", "    for tensor in module.state_dict().values():\n        dist.broadcast(tensor, src=0)\n",
+                 "    torch.manual_seed(0)  # the same weights everywhere, without communicating\n"
+                 "    for m in module.modules():\n"
+                 "        if hasattr(m, 'reset_parameters'):\n"
+                 "            m.reset_parameters()\n")],
+}
+
+
+def make_submission(tmp_path: Path, mutant: str | None = None, stub: bool = False) -> Path:
+    tree = tmp_path / (mutant or ("stub" if stub else "correct"))
+    shutil.copytree(FIXTURE, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    for file, old, new in MUTANTS.get(mutant, []):
+        text = (tree / file).read_text()
+        assert text.count(old) == 1, f"mutant {mutant}: {old!r} is not in {file} exactly once"
+        (tree / file).write_text(text.replace(old, new))
+    if stub:  # the public stub: every adapter declared, none implemented
+        names = [line.split("(")[0].removeprefix("def ") for line in (tree / "tests/adapters.py").read_text().splitlines()
+                 if line.startswith("def ")]
+        (tree / "tests/adapters.py").write_text("\n\n".join(
+            f"def {name}(*args, **kwargs):\n    raise NotImplementedError" for name in names) + "\n")
+    return tree
+
+
+def points(graded, problem: str) -> float:
+    return next(r.points for r in graded.rows if r.problem == problem)
+
+
+def failures(graded, problem: str) -> list[str]:
+    return [t.output for t in graded.tests if t.problem == problem and not t.passed]
+
+
+def test_correct_submission_gets_every_point(tmp_path):
+    graded = grade(make_submission(tmp_path), tmp_path / "out", 1, "2025", QUICK, quiet=True)
+    assert [(r.problem, r.points) for r in graded.rows if r.points is not None] == [
+        (PER_PARAMETER, 5.0), (BUCKETED, 8.0), (ZERO, 15.0)], [t.output for t in graded.tests if not t.passed]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert_gradescope_schema(results)
+    assert results["score"] == pytest.approx(28.0)
+    by_tag: dict[str, float] = {}
+    for test in results["tests"]:
+        by_tag[test["tags"][0]] = by_tag.get(test["tags"][0], 0) + test["max_score"]
+    assert by_tag == pytest.approx({PER_PARAMETER: 5, BUCKETED: 8, ZERO: 15})
+    grade_md = (tmp_path / "out" / "grade.md").read_text()
+    assert "| communication_accounting |  |  | graded by hand (of 10) |" in grade_md
+    assert "**28.0 / 28**" in grade_md
+
+
+def test_correct_fsdp_gets_every_point(tmp_path):
+    graded = grade(make_submission(tmp_path), tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(FSDP,))
+    assert points(graded, FSDP) == 15.0, failures(graded, FSDP)
+
+
+def assert_gradescope_schema(results: dict) -> None:
+    assert set(results) >= {"score", "execution_time", "tests"}
+    assert isinstance(results["score"], float) and results["execution_time"] >= 0
+    for test in results["tests"]:
+        assert set(test) == {"name", "score", "max_score", "status", "output", "tags"}
+        assert test["status"] in ("passed", "failed") and isinstance(test["output"], str)
+        assert 0 <= test["score"] <= test["max_score"] and test["tags"][0] in POINTS
+
+
+@pytest.mark.parametrize("mutant, broken, kept, reason", [
+    ("sums", (PER_PARAMETER,), (ZERO,), "differs from single-process training"),
+    ("syntax", (PER_PARAMETER, BUCKETED), (ZERO,), "cs336_systems/ddp.py:8: SyntaxError: invalid syntax"),
+    ("import_error", (ZERO,), (PER_PARAMETER,),
+     "cs336_systems/sharded_optimizer.py:4: ModuleNotFoundError: No module named 'cs336_systems.helpers'"),
+    ("no_overlap", (PER_PARAMETER,), (), "no all-reduce was issued while backward ran"),
+    ("ignores_bucket_size", (BUCKETED,), (), "all-reduces per step for 10 gradients"),
+    ("full_optimizer_state", (ZERO,), (), "of optimizer state"),
+    ("reseeds", (PER_PARAMETER,), (), "after construction (every rank must start from rank 0's weights)"),
+])
+def test_wrong_submission_loses_what_it_breaks(tmp_path, mutant, broken, kept, reason):
+    graded = grade(make_submission(tmp_path, mutant), tmp_path / "out", 1, "2025", QUICK, quiet=True,
+                   only=broken + kept)
+    for problem in broken:
+        assert points(graded, problem) < POINTS[problem][0], f"{mutant} kept all of {problem}"
+        assert any(reason in line for line in failures(graded, problem)), failures(graded, problem)
+        assert all("\n" not in line and "Traceback" not in line for line in failures(graded, problem))
+    for problem in kept:
+        assert points(graded, problem) == POINTS[problem][0], failures(graded, problem)
+
+
+def test_partial_credit_is_per_test(tmp_path):
+    """Only the overlap test catches a DDP that communicates after backward: 5 of 6 tests pass."""
+    graded = grade(make_submission(tmp_path, "no_overlap"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
+                   only=(PER_PARAMETER,))
+    assert points(graded, PER_PARAMETER) == pytest.approx(5 * 5 / 6)
+
+
+def test_fsdp_keeping_full_weights_loses_fsdp(tmp_path):
+    graded = grade(make_submission(tmp_path, "full_weights"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
+                   only=(FSDP,))
+    assert points(graded, FSDP) < 15
+    assert any("bytes of parameters between steps" in line for line in failures(graded, FSDP))
+
+
+def test_deadlock_times_out_once_and_grading_goes_on(tmp_path):
+    """The first hanging test costs one timeout; the problem's other tests fail at once with its
+    reason; the next problem is graded in full."""
+    limits = Limits(test_timeout_s=8, submission_timeout_s=300)
+    start = time.monotonic()
+    graded = grade(make_submission(tmp_path, "deadlock"), tmp_path / "out", 1, "2025", limits, quiet=True,
+                   only=(PER_PARAMETER, ZERO))
+    assert time.monotonic() - start < 8 * 3 + 60
+    assert points(graded, PER_PARAMETER) == 0
+    lines = failures(graded, PER_PARAMETER)
+    assert sum("timed out after 8 s" in line for line in lines) == 1, lines
+    assert all("timed out" in line for line in lines), lines
+    assert points(graded, ZERO) == 15
+
+
+def test_stub_scores_zero_with_the_adapter_named(tmp_path):
+    graded = grade(make_submission(tmp_path, stub=True), tmp_path / "out", 1, None, QUICK, quiet=True,
+                   only=(PER_PARAMETER, ZERO))
+    assert graded.rows and all(r.points == 0 for r in graded.rows if r.points is not None)
+    lines = failures(graded, ZERO)
+    assert all(line.startswith("rank ") and "tests/adapters.py:" in line and "NotImplementedError" in line
+               for line in lines), lines
+
+
+def test_missing_adapters_file_scores_zero_without_running(tmp_path):
+    tree = make_submission(tmp_path)
+    (tree / "tests" / "adapters.py").unlink()
+    graded = grade(tree, tmp_path / "out", 1, "2025", QUICK, quiet=True)
+    assert all(r.points == 0 for r in graded.rows if r.points is not None)
+    assert all("no adapters file" in t.output for t in graded.tests)
+
+
+def test_double_forked_sleeper_is_gone_after_grading(tmp_path):
+    marker = f"{random.randint(10**6, 10**7)}.{os.getpid()}"
+    tree = make_submission(tmp_path)
+    path = tree / "cs336_systems" / "sharded_optimizer.py"
+    path.write_text(path.read_text() + (
+        "\nimport os as _os\n"
+        "if _os.fork() == 0:\n"
+        "    _os.setsid()\n"
+        "    if _os.fork() == 0:\n"
+        f"        _os.execvp('sleep', ['sleep', '{marker}'])\n"
+        "    _os._exit(0)\n"))
+    grade(tree, tmp_path / "out", 1, "2025", QUICK, quiet=True, only=(ZERO,))
+    time.sleep(0.5)
+    left = [pid for pid in filter(str.isdigit, os.listdir("/proc")) if marker in _cmdline(pid)]
+    assert not left, f"processes left behind: {left}"
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_folder_of_checkouts_and_zips_gives_one_csv_row_each(tmp_path):
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    make_submission(folder, "syntax")
+    stub = make_submission(tmp_path, stub=True)
+    with zipfile.ZipFile(folder / "stub.zip", "w") as z:  # wrapped in one folder, as zips often are
+        for file in stub.rglob("*"):
+            z.write(file, Path("student-stub") / file.relative_to(stub))
+        z.writestr("../escape.txt", "a path outside the scratch copy is never written")
+    graded = grade_folder(folder, tmp_path / "grades", 1, "2025", QUICK, jobs=2, only=(ZERO,))
+    rows = list(csv.DictReader((tmp_path / "grades" / "grades.csv").open()))
+    assert [(r["submission"], float(r[ZERO])) for r in rows] == [("stub", 0.0), ("syntax", 15.0)]
+    assert {g.name for g in graded} == {"stub", "syntax"}
+    assert (tmp_path / "grades" / "stub" / "results.json").is_file()
+    assert not (tmp_path / "escape.txt").exists()
