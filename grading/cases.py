@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 import torch
+import torch._dynamo  # noqa: F401 - an optimizer's constructor imports it (2 s): once here, not per forked rank
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn

@@ -141,10 +141,11 @@ def syntax_error(path: Path, root: Path) -> str | None:
 
 def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = None,
           limits: Limits = Limits(), quiet: bool = False, keep_scratch: bool = False,
-          only: tuple[str, ...] | None = None) -> Graded:
+          only: tuple[str, ...] | None = None, select: str | None = None) -> Graded:
     """Grade one checkout or zip into ``out``: results.json, grade.md, and the pytest log.
 
-    ``only`` grades just those problems (the grader's own tests use it to stay quick)."""
+    ``only`` grades just those problems, and ``select`` (a pytest ``-k`` expression) just those
+    tests: the grader's own tests use them to stay quick."""
     start = time.monotonic()
     name = submission.resolve().name.removesuffix(".zip")
     out.mkdir(parents=True, exist_ok=True)
@@ -172,7 +173,7 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
             if use_namespaces:
                 isolation += ", private network and PID namespaces"
             entries, not_run = _run_suite(scratch, root, edition, repeats, limits, token, use_namespaces, out,
-                                          only)
+                                          only, select)
         tests = report.grade_tests(entries, edition, notes, not_run, only)
         rows = report.problem_grades(tests, edition, only)
         seconds = time.monotonic() - start
@@ -191,7 +192,8 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
 
 
 def _run_suite(scratch: Path, root: Path, edition: str, repeats: int, limits: Limits, token: str,
-               use_namespaces: bool, out: Path, only: tuple[str, ...] | None) -> tuple[list[dict], str]:
+               use_namespaces: bool, out: Path, only: tuple[str, ...] | None,
+               select: str | None = None) -> tuple[list[dict], str]:
     """Run the suite on the submission in a contained process; the plugin's JSON lines."""
     grader = scratch / "grader"
     shutil.copytree(GRADER_DIR, grader / "grading", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -209,14 +211,16 @@ def _run_suite(scratch: Path, root: Path, edition: str, repeats: int, limits: Li
     }
     if only:
         env["GRADING_PROBLEMS"] = ",".join(only)
-    pytest_args = ["-m", "pytest", "-c", str(grader / "pytest.ini"), "--rootdir", str(grader),
+    pytest_args = ["-c", str(grader / "pytest.ini"), "--rootdir", str(grader),
                    "-p", "grading.plugin", "-p", "no:cacheprovider", "-q", "--tb=short",
                    f"--grading-repeats={repeats}", f"--grading-json={results}",
-                   "-o", f"timeout={int(limits.test_timeout_s + 60)}", str(grader / "grading" / "suite")]
-    command = [sys.executable, *pytest_args]
+                   "-o", f"timeout={int(limits.test_timeout_s + 60)}", str(grader / "grading" / "suite"),
+                   *(["-k", select] if select else [])]
+    env["GRADING_HIDE"] = str(GRADER_DIR.parent)  # this repository, if installed: never the submission's
+    command = [sys.executable, "-m", "grading.sandbox", *pytest_args]
     if use_namespaces:
-        command = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child",
-                   sys.executable, "-m", "grading.sandbox", *pytest_args]
+        env["GRADING_NETNS"] = "1"
+        command = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", *command]
     not_run = "not run"
     with open(out / "pytest.log", "wb") as log:
         proc = subprocess.Popen(command, cwd=grader, env=env, stdin=subprocess.DEVNULL, stdout=log,
@@ -247,12 +251,13 @@ def _run_suite(scratch: Path, root: Path, edition: str, repeats: int, limits: Li
 
 
 def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, limits: Limits,
-                 jobs: int, only: tuple[str, ...] | None = None) -> list[Graded]:
+                 jobs: int, only: tuple[str, ...] | None = None, select: str | None = None) -> list[Graded]:
     """Grade every checkout and zip in ``folder``, ``jobs`` at once; writes ``out/grades.csv``."""
     submissions = sorted(p for p in folder.iterdir() if p.is_dir() or p.suffix == ".zip")
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         graded = list(pool.map(lambda s: grade(s, out / s.name.removesuffix(".zip"), repeats, edition,
-                                               limits, quiet=True, only=only), submissions))
+                                               limits, quiet=True, only=only, select=select),
+                                  submissions))
     report.write_csv(out / "grades.csv", [(g.name, g.rows) for g in graded])
     for g in graded:
         earned = sum(r.points for r in g.rows if r.points is not None)

@@ -1,8 +1,8 @@
 """Running one test's ranks: fresh processes, a deadline, and one line that says what went wrong.
 
 Student code runs only here, never in the pytest process: each test forks ``world_size`` new
-processes from a fork server that has already imported torch (a spawn costs seconds of imports,
-a fork from the server milliseconds), joins them to a gloo group through a file store (no
+processes that have torch imported already (a spawn costs seconds of imports, a fork
+milliseconds), joins them to a gloo group through a file store (no
 rendezvous port to collide with another grader), and runs a rank function of the suite. The
 parent waits until a deadline; a rank that raises or a group that hangs is killed, whole, and
 the test fails with a one-line reason (``file:line: what``) instead of a traceback.
@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import queue
 import tempfile
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -104,10 +105,16 @@ _CONTEXT: Any = None
 
 
 def _context():
+    """Plain fork where this process runs no other thread (a grading run: torch is imported
+    already, nothing to redo); else a fork server that imported torch (``make test``'s xdist
+    workers run threads, and forking a threaded process can copy a held lock)."""
     global _CONTEXT
     if _CONTEXT is None:
-        _CONTEXT = mp.get_context("forkserver")
-        _CONTEXT.set_forkserver_preload(["torch", "torch.distributed", "grading.ranks", "grading.probes"])
+        if threading.active_count() == 1 and "fork" in mp.get_all_start_methods():
+            _CONTEXT = mp.get_context("fork")
+        else:
+            _CONTEXT = mp.get_context("forkserver")
+            _CONTEXT.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed", "grading.cases"])
     return _CONTEXT
 
 

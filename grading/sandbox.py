@@ -1,11 +1,16 @@
-"""First process inside the private namespaces (harness.py): bring up loopback, then run pytest.
+"""First process of a grading run (harness.py): hide this repository, bring up loopback, run pytest.
 
-A new network namespace has only ``lo``, and it is down; gloo's ranks talk over it. Root in the
-user namespace may set its flags (SIOCSIFFLAGS), as ``ip link set lo up`` would.
+The environment that runs the grader may have this repository installed (``uv sync`` puts its
+root on ``sys.path`` through a .pth file); a submission that lacks a module must not find ours
+instead, so that entry is dropped here, before pytest, the fork server and every rank (they
+inherit this ``sys.path``). In a new network namespace ``lo`` exists but is down, and gloo's
+ranks talk over it; root in the user namespace may set its flags (SIOCSIFFLAGS), as
+``ip link set lo up`` would.
 """
 
 import fcntl
 import os
+import runpy
 import socket
 import struct
 import sys
@@ -19,6 +24,15 @@ def loopback_up() -> None:
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
 
 
+def hide(folder: str) -> None:
+    hidden = os.path.realpath(folder)
+    sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.getcwd()) != hidden]
+
+
 if __name__ == "__main__":
-    loopback_up()
-    os.execv(sys.executable, [sys.executable, *sys.argv[1:]])
+    if os.environ.get("GRADING_HIDE"):
+        hide(os.environ["GRADING_HIDE"])
+    if os.environ.get("GRADING_NETNS"):
+        loopback_up()
+    sys.argv = ["pytest", *sys.argv[1:]]
+    runpy.run_module("pytest", run_name="__main__", alter_sys=True)

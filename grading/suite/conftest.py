@@ -9,12 +9,14 @@ cost a timeout per test (they fail at once with the first one's reason instead).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
 from grading.problems import EDITIONS, GRADED
 from grading.ranks import RankFailure, run_ranks
 
+SUITE = Path(__file__).resolve().parent
 EDITION = os.environ.get("GRADING_EDITION", "both")
 if EDITION not in EDITIONS:
     raise pytest.UsageError(f"GRADING_EDITION must be one of {EDITIONS}, got {EDITION!r}")
@@ -25,8 +27,12 @@ _hung: dict[str, str] = {}  # problem -> the test that timed out first
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # This hook sees the whole session's items (``make test`` collects tests/ too): judge only ours.
     keep, drop = [], []
     for item in items:
+        if SUITE not in item.path.parents:
+            keep.append(item)
+            continue
         marker = item.get_closest_marker("problem")
         chosen = marker is None or (marker.args[0] in GRADED[EDITION] and (not ONLY or marker.args[0] in ONLY))
         (keep if chosen else drop).append(item)
