@@ -146,6 +146,17 @@ def assert_close(rank: int, step: int, ours: dict[str, torch.Tensor], reference:
                                  f"training by {diff:.3g} {what}")
 
 
+def assert_sharded(results: list[dict], held: str, full: str, what: str) -> None:
+    """Every rank holds at most 1/world size of ``full`` bytes, plus a quarter of the whole for a
+    split by whole tensors (the suite's models split evenly by layers at world sizes 2 and 3)."""
+    world_size = len(results)
+    for rank, r in enumerate(results):
+        share = r[held] / r[full]
+        assert share <= 1 / world_size + 0.25, (
+            f"rank {rank} holds {r[held]} bytes of {what}, {share:.0%} of the unsharded {r[full]}; "
+            f"sharded, it holds about 1/{world_size}")
+
+
 def train_ddp(ctx: Rank, case: DDPCase) -> dict:
     """Train ``case`` through the DDP adapters; the reductions issued per step, and during backward."""
     probes.install_collective_log()
