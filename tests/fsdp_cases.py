@@ -3,7 +3,8 @@
 ``run_fsdp_cases`` trains every case inside one spawned process group (a spawn costs seconds,
 a case milliseconds) and returns, per case, every step's full parameters as
 ``fsdp_gather_full_params`` reports them, plus what each rank saw of its gradients. A case runs
-either FSDP mode: reduce-scatter (the library default) or exact gradients (``get_fsdp``).
+either FSDP mode: reduce-scatter (the library default, ``get_fsdp``) or exact gradients
+(``get_fsdp_exact``).
 ``train_reference`` trains the same case in this process without ``torch.distributed``, either
 on the whole batch (the real reference) or chunk by chunk as the ranks split it, summing the
 chunks' gradients in rank order (data parallelism's own arithmetic, to compare bitwise).
@@ -85,7 +86,7 @@ class Case:
     name: str
     optimizer: str  # "sgd" (momentum 0.9) or "adamw"
     compute_dtype: torch.dtype | None = None
-    exact: bool = False  # exact-gradient mode (adapters.get_fsdp) or reduce-scatter (default)
+    exact: bool = False  # exact-gradient mode (get_fsdp_exact) or reduce-scatter (get_fsdp)
     model: str = "tied"  # a key of MODELS
     steps: int = 3
     seed: int = 0
@@ -121,7 +122,7 @@ def build_model(case: Case, rank: int) -> TiedLM:
 
 
 def wrap(case: Case, module: nn.Module) -> nn.Module:
-    get = adapters.get_fsdp if case.exact else adapters.get_fsdp_reduce_scatter
+    get = adapters.get_fsdp_exact if case.exact else adapters.get_fsdp
     return get(module, compute_dtype=case.compute_dtype)
 
 
@@ -212,11 +213,17 @@ def _run_case(ctx: RankContext, case: Case) -> dict:
 
 def run_fsdp_cases(ctx: RankContext, cases: list[Case]) -> dict:
     """Rank function: every training case, then the misuse checks and the memory probe."""
-    from tests.fsdp_probes import exact_mode_misuse, misuse_after_init, probe_memory_and_overlap
+    from tests.fsdp_probes import (
+        exact_mode_misuse,
+        misuse_after_init,
+        probe_backward_flops,
+        probe_memory_and_overlap,
+    )
 
     results = {case.name: _run_case(ctx, case) for case in cases}
     results["misuse"] = misuse_after_init(ctx)
     results["exact_misuse"] = exact_mode_misuse(ctx)
+    results["backward_flops"] = probe_backward_flops(ctx)
     results["memory"] = {
         mode: probe_memory_and_overlap(ctx, exact=mode == "exact") for mode in ("reduce_scatter", "exact")
     }

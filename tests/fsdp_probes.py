@@ -59,7 +59,7 @@ class CollectiveWatcher(TorchDispatchMode):
 def probe_memory_and_overlap(ctx: RankContext, exact: bool, width: int = 96, depth: int = 6) -> dict:
     """Two steps of a stack of equal layers under the watcher: gathered bytes and reductions."""
     torch.manual_seed(ctx.rank)
-    get = adapters.get_fsdp if exact else adapters.get_fsdp_reduce_scatter
+    get = adapters.get_fsdp_exact if exact else adapters.get_fsdp
     fsdp = get(LayerStack(width, depth))
     optimizer = torch.optim.SGD(fsdp.parameters(), lr=0.1)
     x = torch.randn(4, width)
@@ -143,11 +143,47 @@ def exact_mode_misuse(ctx: RankContext) -> dict[str, str]:
     errors = {}
     x = torch.randn(2, 4)
     try:
-        adapters.get_fsdp(_KeywordCall())(x)
+        adapters.get_fsdp_exact(_KeywordCall())(x)
     except TypeError as e:
         errors["keywords"] = str(e)
     try:
-        adapters.get_fsdp(_InPlaceAfterUse())(x).sum().backward()
+        adapters.get_fsdp_exact(_InPlaceAfterUse())(x).sum().backward()
     except RuntimeError as e:
         errors["in_place"] = str(e)
     return errors
+
+
+
+def probe_backward_flops(ctx: RankContext, width: int = 32, depth: int = 3, rows: int = 4) -> dict:
+    """Matmul FLOPs of one backward on this rank's ``rows`` rows: ``get_fsdp``'s, exact mode's,
+    and the same stack's without FSDP on the same rows (what data parallelism does per rank).
+
+    Also the mode ``get_fsdp`` builds and whether its backward all-gathered anything with a batch
+    dimension (activations or output gradients: exact mode's, never data parallelism's).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def backward_flops(model: nn.Module, watcher: CollectiveWatcher | None = None) -> int:
+        loss = model(torch.randn(rows, width)).square().mean()
+        with FlopCounterMode(display=False) as counter:
+            if watcher is None:
+                loss.backward()
+            else:
+                with watcher:
+                    watcher.set_phase("backward")
+                    loss.backward()
+        if model is not plain_model:
+            adapters.fsdp_on_after_backward(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        return counter.get_total_flops()
+
+    torch.manual_seed(ctx.rank)
+    plain_model = LayerStack(width, depth)
+    watcher = CollectiveWatcher()
+    fsdp = adapters.get_fsdp(LayerStack(width, depth))
+    return {
+        "plain": backward_flops(plain_model),
+        "fsdp": backward_flops(fsdp, watcher),
+        "exact": backward_flops(adapters.get_fsdp_exact(LayerStack(width, depth))),
+        "mode": fsdp.mode,
+        "activation_gathers": list(watcher.activation_gathers),
+    }

@@ -83,6 +83,9 @@ def test_every_configuration_is_timed_every_round_and_compared_with_ours(tmp_pat
             ours = by_name[FSDP].step_times_s
             assert r.vs_fsdp_s == pytest.approx(sum(a - b for a, b in zip(r.step_times_s, ours)) / ROUNDS)
     assert _run["results"].environment.world_size == 2
+    # The mode timed is the one adapters.get_fsdp builds (test_fsdp_ours checks get_fsdp's mode).
+    assert by_name[FSDP].fsdp_mode == "reduce-scatter"
+    assert all(r.fsdp_mode is None for name, r in by_name.items() if name != FSDP)
 
 
 @smoke

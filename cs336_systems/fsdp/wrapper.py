@@ -103,6 +103,7 @@ class FullyShardedDataParallel(nn.Module):
         self.module = module
         self.compute_dtype = compute_dtype
         self.exact_gradients = exact_gradients
+        self.mode = "exact-gradients" if exact_gradients else "reduce-scatter"  # as results name it
         self.world_size = dist.get_world_size()
         self._broadcast_from_rank0()
 

@@ -42,16 +42,18 @@ against DDP's all-reduce, which costs two: FSDP trades 1.5 times DDP's traffic f
 here a Transformer block)."""
 
 EXACT = """\
-**Exact-gradient mode.** `adapters.get_fsdp` builds our FSDP with `exact_gradients=True`, not the
-reduce-scatter mode timed here: the public 2026 tests compare FSDP with single-process training by
-`torch.equal` in float32, and no reduction of per-rank partial gradients is bitwise equal to one
-whole-batch matmul (a float32 chain over all rows is not two half-batch chains added, and the last
-bits differ: a reduce-scatter FSDP, ours or torch's `fully_shard`, fails that test on this machine's
-CPU). Exact mode keeps the sharding, gathers and frees, but for each layer in backward it
-all-gathers the layer's input and output gradient and recomputes the parameter gradients of the whole
-global batch with the layer's own forward, which is the single process's arithmetic. It costs the
-all-gathered activations and output gradients instead of the reduce-scattered gradients, and every rank
-computing the weight gradients of the whole batch (`cs336_systems/fsdp/exact.py`)."""
+**Two modes.** `adapters.get_fsdp` builds our FSDP in its default reduce-scatter mode, the one timed
+here: each rank backpropagates only its own rows and each weight gradient is reduce-scattered to the
+shards. It equals single-process training within float32 rounding, not bitwise: a float32 matmul over
+the whole batch sums its rows in one chain, while the ranks sum their halves and the reduce-scatter
+adds the halves, which rounds differently in the last bits (torch's `fully_shard` alike). The public
+2026.1.2 and 2026.1.4 tests compare with a tolerance and pass; 26.1.1's `torch.equal` in float32 holds
+for no reduce-scatter FSDP. `FullyShardedDataParallel(..., exact_gradients=True)` makes it hold: for
+each layer in backward it all-gathers the layer's input and output gradient and recomputes the
+parameter gradients of the whole global batch, the single process's arithmetic, at the cost of the
+all-gathered activations and every rank computing the weight gradients of the whole batch
+(`cs336_systems/fsdp/exact.py`); no adapter uses it by default."""
+
 
 PICK = """\
 **When to pick which.** DDP holds the whole model, its gradients and AdamW's two moments on every rank
@@ -161,8 +163,10 @@ def _run_part(ctx: RenderContext, machine: MachineResults, results: ResultsFile)
     records: list[FsdpStepRecord] = results.records
     by_name = {r.configuration: r for r in records}
     world = results.environment.world_size
+    mode = by_name[FSDP].fsdp_mode if FSDP in by_name else None
+    timed = f"Our FSDP timed in its {mode} mode. " if mode else ""
     out = ["", fmt.run_heading(machine, results), "", _setting_line(results), "",
-           "Step time (slowest rank per step; differences paired round by round with our FSDP's step):", "",
+           f"{timed}Step time (slowest rank per step; differences paired round by round with our FSDP's step):", "",
            _time_table(records), "", *_goal_sentences(by_name), "",
            "Memory per rank over one counted step (the fullest rank), split at the moment of the peak: parameters "
            "(resident shards, buffers and gathered weights), gradients (`.grad`, DDP's buckets, full gradients "

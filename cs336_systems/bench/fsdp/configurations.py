@@ -5,7 +5,8 @@
 * ``zero1``: the same DDP with :class:`~cs336_systems.zero.ShardedOptimizer` over AdamW
   (ZeRO stage 1): optimizer state sharded, updated parameters broadcast by their owners;
 * ``fsdp``: our :class:`~cs336_systems.fsdp.FullyShardedDataParallel` in its default
-  reduce-scatter mode (ZeRO stage 3): parameters, gradients and optimizer state sharded;
+  reduce-scatter mode (ZeRO stage 3), the FSDP ``adapters.get_fsdp`` builds: parameters,
+  gradients and optimizer state sharded (the record's ``fsdp_mode`` names the mode timed);
 * ``torch-fsdp``: ``torch.distributed.fsdp.fully_shard`` on every Transformer block and then
   the model (torch's FSDP2, the layout its documentation recommends), at its defaults.
 

@@ -37,10 +37,13 @@ class FsdpStepRecord(Record):
     """One configuration's steps, memory, communication and the largest model it would fit."""
 
     KIND: ClassVar[str] = "fsdp_step"
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # 2: fsdp_mode
 
     configuration: str  # "ddp", "zero1", "fsdp", "torch-fsdp" (see configurations.py)
     description: str  # what it is, in words
+    # Our FSDP's mode as timed: "reduce-scatter" (the default, what adapters.get_fsdp builds) or
+    # "exact-gradients"; None for the other configurations.
+    fsdp_mode: str | None
     step_times_s: list[float]  # slowest rank's time per timed step, in round order
     median_step_s: float
     min_step_s: float

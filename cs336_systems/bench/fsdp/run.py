@@ -114,6 +114,7 @@ def _benchmark_rank(ctx: RankContext, setting: FsdpSetting) -> dict:
             memory=_largest_rank_values(values, small),
             payload_bytes=dict(accounting.payload_bytes),
             calls=dict(accounting.calls),
+            mode=configs[name].model.mode if name == FSDP else None,
         )
     timelines = {}
     for name in TRACED:

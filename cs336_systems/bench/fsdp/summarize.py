@@ -32,6 +32,7 @@ class Measured:
     # activations, resident, allocator peak (-1: none)]
     payload_bytes: dict[str, float]  # rank 0's, by collective kind
     calls: dict[str, int]
+    mode: str | None = None  # our FSDP's mode as built (FullyShardedDataParallel.mode); None: others
 
 
 def summarize(run: dict, setting: FsdpSetting) -> list[FsdpStepRecord]:
@@ -53,6 +54,7 @@ def summarize(run: dict, setting: FsdpSetting) -> list[FsdpStepRecord]:
         records.append(FsdpStepRecord(
             configuration=name,
             description=DESCRIPTIONS[name],
+            fsdp_mode=m.mode,
             step_times_s=list(m.step_times_s),
             median_step_s=median,
             min_step_s=steps[0],
