@@ -11,7 +11,8 @@ UV_CMD := $(PYTHON) -m uv
 PY := $(UV_CMD) run --locked python
 endif
 # Every spawned rank imports torch; let Python cache its bytecode instead of recompiling
-# torch's sources in each process (some environments set this variable).
+# torch's sources in each process (some environments set this variable). `make env` compiles
+# it once at install (--compile-bytecode), so a fresh clone's first test run does not.
 unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
@@ -27,7 +28,7 @@ ifeq ($(UV),0)
 else
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv \
 		|| $(PYTHON) -m pip install --quiet --user uv
-	$(UV_CMD) sync --locked
+	$(UV_CMD) sync --locked --compile-bytecode
 endif
 
 test: env ## run every correctness test in parallel, print the grade table and write it to writeup/results

@@ -205,7 +205,7 @@ def _run_suite(scratch: Path, root: Path, edition: str, repeats: int, limits: Li
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(home / "tmp"),
         "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
         "PYTHONPATH": os.pathsep.join([str(grader), *map(str, python_roots(root))]),
-        "PYTHONDONTWRITEBYTECODE": "1", "GRADING_TOKEN": token, "GRADING_EDITION": edition,
+        "GRADING_TOKEN": token, "GRADING_EDITION": edition,
         "GRADING_SUBMISSION_ROOTS": os.pathsep.join(map(str, python_roots(root))),
         "GRADING_TEST_TIMEOUT": str(limits.test_timeout_s),
     }
