@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-REPEAT_ID = re.compile(r"(\[|-)rep\d+\]$")
+REPEAT_ID = re.compile(r"rep\d+")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,9 +41,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def test_name(nodeid: str) -> str:
-    """A test's id without its repetition: ``file::test[params]``."""
-    name = REPEAT_ID.sub(lambda m: "]" if m.group(1) == "-" else "", nodeid)
-    return name.replace("[]", "").removeprefix("grading/suite/")
+    """A test's id without its repetition (wherever pytest put it among the params): ``file::test[params]``."""
+    if nodeid.endswith("]") and "[" in nodeid:
+        base, params = nodeid[:-1].split("[", 1)
+        kept = [p for p in params.split("-") if not REPEAT_ID.fullmatch(p)]
+        nodeid = f"{base}[{'-'.join(kept)}]" if kept else base
+    return nodeid.removeprefix("grading/suite/")
 
 
 def reason_of(report: pytest.TestReport) -> str:
@@ -73,9 +76,9 @@ class _Recorder:
         for item in items:
             marker = item.get_closest_marker("problem")
             self.problem[item.nodeid] = marker.args[0] if marker else "beyond"
-        for name in dict.fromkeys(test_name(item.nodeid) for item in items):
-            self._write({"collected": name, "problem": self.problem[next(
-                i.nodeid for i in items if test_name(i.nodeid) == name)]})
+        collected = {test_name(item.nodeid): self.problem[item.nodeid] for item in items}  # repeats collapse
+        for name, problem in collected.items():
+            self._write({"collected": name, "problem": problem})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" or report.failed or report.skipped:

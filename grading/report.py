@@ -79,9 +79,9 @@ def grade_tests(entries: list[dict], edition: str, notes: dict[str, str] | None 
             continue
         share = POINTS[problem][0] / len(names)
         for name in names:
-            entries = by_test[name] or [{"passed": False, "reason": not_run}]
-            failures = [e["reason"] for e in entries if not e["passed"]]
-            grades.append(TestGrade(name, problem, len(entries), len(entries) - len(failures),
+            runs = by_test[name] or [{"passed": False, "reason": not_run}]
+            failures = [e["reason"] for e in runs if not e["passed"]]
+            grades.append(TestGrade(name, problem, len(runs), len(runs) - len(failures),
                                     failures[0] if failures else "", share))
     return grades
 

@@ -41,13 +41,9 @@ def find_root(tree: Path) -> Path:
 
 
 def python_roots(root: Path) -> list[Path]:
-    """Folders to import the submission's packages from: its root, and where cs336_basics lives
-    in the public layout (``cs336-basics/``) or in the submission's own (``cs336_basics`` at root)."""
-    roots = [root]
-    for sub in ("cs336-basics", "cs336_basics_pkg"):
-        if (root / sub / "cs336_basics").is_dir():
-            roots.append(root / sub)
-    return roots
+    """Folders to import the submission's packages from: its root (``cs336_systems``, and
+    ``cs336_basics`` if it sits there), and ``cs336-basics/``, where the public layout keeps it."""
+    return [root, root / "cs336-basics"] if (root / "cs336-basics" / "cs336_basics").is_dir() else [root]
 
 
 def _is_stub(fn: ast.FunctionDef) -> bool:

@@ -260,3 +260,11 @@ def test_submission_never_imports_this_repository(tmp_path):
     graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(FSDP,), select="test_adamw")
     assert points(graded, FSDP) == 0
     assert all("No module named 'cs336_basics'" in line for line in failures(graded, FSDP)), failures(graded, FSDP)
+
+
+def test_repetitions_collapse_into_one_test_wherever_pytest_puts_them():
+    from grading.plugin import test_name
+
+    assert test_name("grading/suite/t.py::f[rep1]") == "t.py::f"
+    assert test_name("grading/suite/t.py::f[2-rep3]") == "t.py::f[2]"
+    assert test_name("grading/suite/t.py::f[rep2-get_ddp]") == "t.py::f[get_ddp]"  # a fixture's param after it
