@@ -13,6 +13,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import sys
 import tempfile
 import threading
 import time
@@ -101,21 +102,33 @@ def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, args: 
     results.join_thread()
 
 
-_CONTEXT: Any = None
+_FORKSERVER: Any = None
+
+
+def _os_thread_count() -> int:
+    """Threads of this process as the kernel counts them: Python's own count misses the ones
+    torch starts in C++ (autograd's device workers, CUDA's)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
 
 
 def _context():
-    """Plain fork where this process runs no other thread (a grading run: torch is imported
-    already, nothing to redo); else a fork server that imported torch (``make test``'s xdist
-    workers run threads, and forking a threaded process can copy a held lock)."""
-    global _CONTEXT
-    if _CONTEXT is None:
-        if threading.active_count() == 1 and "fork" in mp.get_all_start_methods():
-            _CONTEXT = mp.get_context("fork")
-        else:
-            _CONTEXT = mp.get_context("forkserver")
-            _CONTEXT.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed", "grading.cases"])
-    return _CONTEXT
+    """Plain fork where this process runs one thread and has not initialised CUDA (a grading
+    run: torch is imported already, nothing to redo); else a fork server that imported torch.
+    ``make test``'s xdist workers run threads, forking a threaded process can copy a held
+    lock, and a child forked after autograd started its device threads, or after CUDA was
+    initialised, fails on its first backward or seed. Decided at every call: an earlier test
+    in the same worker may have started them since."""
+    global _FORKSERVER
+    cuda_started = "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized()
+    if _os_thread_count() == 1 and not cuda_started and "fork" in mp.get_all_start_methods():
+        return mp.get_context("fork")
+    if _FORKSERVER is None:
+        _FORKSERVER = mp.get_context("forkserver")
+        _FORKSERVER.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed", "grading.cases"])
+    return _FORKSERVER
 
 
 def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float | None = None) -> list[Any]:

@@ -79,6 +79,8 @@ class LayerStack(nn.Module):
         return x
 
 
+ADAMW_LR = 1e-2  # AdamW's first updates are about lr * sign(gradient) per element
+
 @dataclass(frozen=True)
 class Case:
     """One training run, identical in the FSDP ranks and in the single-process reference."""
@@ -113,7 +115,7 @@ CASES = [
 def make_optimizer(kind: str, params) -> torch.optim.Optimizer:
     if kind == "sgd":
         return torch.optim.SGD(params, lr=0.05, momentum=0.9)
-    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    return torch.optim.AdamW(params, lr=ADAMW_LR, weight_decay=0.1)
 
 
 def build_model(case: Case, rank: int) -> TiedLM:

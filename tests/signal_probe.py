@@ -41,7 +41,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args(argv)
     try:
-        rounds = run_ranks(_loop, 2, args=(args.ready, args.seconds), timeout_s=120, join_timeout_s=300)
+        # Pinned, so that under torchrun on a GPU machine the ranks do not default to NCCL on one GPU.
+        rounds = run_ranks(_loop, 2, args=(args.ready, args.seconds), backend="gloo", device_type="cpu",
+                           timeout_s=120, join_timeout_s=300)
     except Interrupted as e:
         print(f"interrupted: {e}", file=sys.stderr)
         return e.exit_status

@@ -40,7 +40,7 @@ from torch import nn
 import adapters
 from cs336_basics.model import Linear
 from cs336_systems.launch import RankContext, RankFailedError, launch
-from tests.fsdp_cases import BATCH, CASES, SEQ, Case, run_fsdp_cases, train_reference
+from tests.fsdp_cases import ADAMW_LR, BATCH, CASES, SEQ, Case, run_fsdp_cases, train_reference
 
 pytestmark = [pytest.mark.problem("fsdp"), pytest.mark.timeout(300)]
 
@@ -121,9 +121,28 @@ def test_matches_whole_batch_training_every_step(case: Case, world_size: int):
                 atol, rtol = float32_tolerance(value, steps=step + 1), 0.0
             else:
                 atol, rtol = WHOLE_BATCH_ATOL[case.compute_dtype], 1e-4
+            if case.optimizer == "adamw" and case.compute_dtype is not None:
+                _assert_close_but_for_sign_flips(params[name], value, atol, rtol, step, f"step {step}, {name}")
+                continue
             torch.testing.assert_close(
                 params[name], value, atol=atol, rtol=rtol, msg=lambda m: f"step {step}, {name}: {m}"
             )
+
+
+SIGN_FLIP_SHARE = 0.02
+
+
+def _assert_close_but_for_sign_flips(actual, expected, atol, rtol, step, where):
+    """AdamW normalises each element's update (about lr * sign(g) early on), so an element whose
+    half-precision gradient is within rounding of zero can move by lr either way depending on
+    the summation order: seen once in 104 elements on a 16-core machine, never on 2 cores. Such
+    elements may differ by up to 2 lr per step taken; they must stay few (a missing rank's
+    gradient flips the sign of a large share of elements), and all others stay within atol."""
+    off = (actual - expected).abs() > atol + rtol * expected.abs()
+    assert off.sum().item() <= max(1, SIGN_FLIP_SHARE * off.numel()), (
+        f"{where}: {off.sum().item()} of {off.numel()} elements differ by more than {atol}"
+    )
+    assert (actual - expected).abs().max().item() <= atol + 2 * ADAMW_LR * (step + 1), where
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -70,11 +71,16 @@ class Configuration:
 
 
 def _torch_fsdp(module: nn.Module) -> nn.Module:
-    from torch.distributed.fsdp import fully_shard  # imported late: absent from some builds
+    from torch.distributed.device_mesh import DeviceMesh  # imported late: absent from some builds
+    from torch.distributed.fsdp import fully_shard
 
+    # The mesh over the group we already joined, on the model's device. Without one,
+    # fully_shard builds a default mesh on CUDA whenever a GPU is visible and moves rank r to
+    # cuda:r, which fails for a CPU run on a GPU machine and for ranks sharing one GPU.
+    mesh = DeviceMesh.from_group(dist.group.WORLD, next(module.parameters()).device.type)
     for block in module.layers:
-        fully_shard(block)
-    return fully_shard(module)
+        fully_shard(block, mesh=mesh)
+    return fully_shard(module, mesh=mesh)
 
 
 def build_configuration(name: str, base: nn.Module) -> Configuration:
