@@ -87,7 +87,7 @@ def _time_member(ctx: RankContext, member: FamilyMember, setting: FamilySetting)
             allreduce_calls_per_step=wrapper.allreduce_calls_last_step if wrapper is not None else None,
             n_buckets=len(wrapper.buckets) if bucketed else None,
             bucket_cap_bytes=wrapper.bucket_cap_bytes if bucketed and math.isfinite(wrapper.bucket_cap_bytes) else None,
-            bucket_bytes=[b.buffer.payload_bytes for b in wrapper.buckets] if bucketed else None,
+            bucket_bytes=[b.payload_bytes for b in wrapper.buckets] if bucketed else None,
         ))
         if wrapper is not None:
             wrapper.detach()
