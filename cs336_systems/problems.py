@@ -50,7 +50,7 @@ PROBLEMS: tuple[Problem, ...] = (
     Problem("ddp_overlap_individual_parameters_benchmarking", MEASURED,
             ("cs336_systems/bench/step/", "cs336_systems/bench/profile/", "scripts/profile_ddp.py"), True),
     Problem("ddp_overlap_bucketed", CODE,
-            ("cs336_systems/ddp/bucketed.py", "cs336_systems/ddp/bucket.py", "cs336_systems/ddp/flat_buffer.py"), True),
+            ("cs336_systems/ddp/bucketed.py", "cs336_systems/ddp/bucket.py", "cs336_systems/ddp/overlap.py"), True),
     Problem("ddp_bucketed_benchmarking", MEASURED,
             ("cs336_systems/bench/step/", "cs336_systems/ddp/overhead_model.py"), True),
     Problem("communication_accounting", WRITTEN,

@@ -15,12 +15,12 @@ import math
 import pytest
 import torch
 
-import cs336_systems.ddp.bucketed as bucketed_module
-from cs336_systems.ddp import BucketedDDP
+import cs336_systems.ddp.auto_bucket as auto_bucket
 from cs336_systems.ddp.auto_bucket import (
     DEFAULT_BUCKET_BYTES,
     TUNING_ROUNDS,
     AllReduceCalibration,
+    AutoBucketedDDP,
     BucketTuner,
     agree_on_cap,
     candidate_caps,
@@ -110,7 +110,7 @@ def _agree_and_train(ctx: RankContext) -> dict:
         tuner.record(t)
     local_choice = tuner.choose(tuner.local_times)
     agreed = agree_on_cap(tuner, ctx.device, None)
-    bucketed_module.model_bucket_bytes = lambda *args, **kwargs: (PLANTED_MODEL_CAP, PLANTED_CALIBRATION)
+    auto_bucket.model_bucket_bytes = lambda *args, **kwargs: (PLANTED_MODEL_CAP, PLANTED_CALIBRATION)
     trained = run_ddp_cases(ctx, [AUTO_CASE])[AUTO_CASE.name]
     return {"local_choice": local_choice, "agreed": agreed, "trained": trained}
 
@@ -144,15 +144,15 @@ def test_training_matches_single_process_while_tuning_changes_the_buckets(two_ra
 
 
 def test_after_tuning_a_step_never_waits(fake_group, monkeypatch):  # noqa: F811
-    monkeypatch.setattr(bucketed_module, "model_bucket_bytes",
+    monkeypatch.setattr(auto_bucket, "model_bucket_bytes",
                         lambda *args, **kwargs: (0.5 * MB, PLANTED_CALIBRATION))
     # On the meta device a device sync does nothing, so count the wrapper's calls to it instead.
     syncs = []
-    monkeypatch.setattr(bucketed_module, "sync_device", lambda device: syncs.append(device))
+    monkeypatch.setattr(auto_bucket, "sync_device", lambda device: syncs.append(device))
     with torch.device("meta"):
         module = TransformerLM(model_config("tiny"))
         tokens = torch.randint(0, module.config.vocab_size, (4, 17))
-    ddp = BucketedDDP(module, "auto")
+    ddp = AutoBucketedDDP(module)
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
     tuning_steps = 0
     while ddp.tuning:

@@ -51,7 +51,7 @@ def _cases() -> list[Case]:
             # zero_grad(set_to_none=False): backward accumulates straight into the bucket views.
             cases.append(Case(f"bucketed[few]-{model}-{optimizer}-zero-in-place", "bucketed", model, optimizer, few, set_to_none=False))
     cases.append(Case("bucketed[few]-edge-sgd-no_sync-zero-in-place", "bucketed", "edge", "sgd", few, accumulate=True, set_to_none=False))
-    # 18 steps: "auto" tunes for at most 17 (ddp/bucketed.py), and training must match throughout.
+    # 18 steps: "auto" tunes for at most 17 (ddp/auto_bucket.py), and training must match throughout.
     cases.append(Case("bucketed[auto]-edge-adamw", "bucketed", "edge", "adamw", "auto", steps=18))
     # bfloat16 communication rounds each gradient to 8 significant bits (relative error <= 2^-9);
     # after 3 SGD steps of lr 0.05 on gradients of order 1 that moves parameters by ~1e-4.

@@ -8,12 +8,14 @@ of gradients reduced by one all-reduce; the *payload* the bytes one collective m
 * flat.py          problem 4: one all-reduce of all gradients flattened
 * overlap.py       launching all-reduces from gradient hooks, in one order on every rank
 * per_parameter.py problem 5: one async all-reduce per parameter, during backward
-* bucket.py, bucketed.py  problem 6: buckets of at most bucket_size_mb, each reduced when full
-* flat_buffer.py   many gradients in one buffer, with their usage flags
+* bucket.py        a bucket (many gradients in one buffer, with their usage flags) and the plan
+                   that assigns parameters to buckets, as torch's DDP assigns them
+* bucketed.py      problem 6: buckets of about bucket_size_mb, each reduced when full
 * auto_bucket.py, overhead_model.py  problem 6b: the overhead model and ``bucket_size_mb="auto"``
 * variants.py      the registry of variants every other part uses
 """
 
+from cs336_systems.ddp.auto_bucket import AutoBucketedDDP
 from cs336_systems.ddp.base import DataParallel
 from cs336_systems.ddp.bucketed import BucketedDDP
 from cs336_systems.ddp.flat import FlatDDP

@@ -1,7 +1,8 @@
 """``bucket_size_mb="auto"``: this job's all-reduce measured, candidate bucket caps from the
-overhead model, and the few first steps that time them and keep the fastest.
+overhead model, and the few first steps that time them and keep the fastest
+(:class:`AutoBucketedDDP`, bucketed DDP that does all of this and then trains as it does).
 
-:func:`calibrate_allreduce` is the one calibration of the repo: ``BucketedDDP`` runs it with
+:func:`calibrate_allreduce` is the one calibration of the repo: ``AutoBucketedDDP`` runs it with
 its defaults when asked for ``"auto"``, and the doctor (``cs336_systems/doctor``) with its own
 payloads and iterations. It times a few all-reduces of growing payloads on the job's own
 process group and devices, nccl-tests style: every rank starts each iteration together (a
@@ -35,15 +36,18 @@ consistent evidence, and then for the candidate that gained most.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from cs336_systems.comm.timing import slowest_rank, small_tensor_device, sync_device
+from cs336_systems.ddp.bucketed import DEFAULT_BUCKET_MB, BucketedDDP
 from cs336_systems.ddp.overhead_model import fit_latency_bandwidth, optimal_bucket_bytes
 from cs336_systems.units import KB, MB
 
@@ -51,7 +55,7 @@ from cs336_systems.units import KB, MB
 CALIBRATION_PAYLOAD_BYTES = (64 * KB, 512 * KB, 4 * MB)
 CALIBRATION_ITERS = 5
 FLOAT32_BYTES = 4
-DEFAULT_BUCKET_MB = 25.0  # torch's DDP default (bucket_cap_mb=25), and BucketedDDP's
+AUTO = "auto"  # the bucket_size_mb that asks for AutoBucketedDDP
 DEFAULT_BUCKET_BYTES = DEFAULT_BUCKET_MB * MB
 NEIGHBOUR_FACTOR = 2.0  # the model's cap is tried beside this factor below and above it
 TUNING_ROUNDS = 4  # timed steps of each candidate; a sign test over 4 rounds errs at most 1 time in 16
@@ -257,3 +261,96 @@ def agree_on_cap(tuner: BucketTuner, device: torch.device, group: dist.ProcessGr
     times = slowest_rank(tuner.local_times, small_tensor_device(device, dist.get_backend(group)), group)
     best = tuner.choose(times)
     return TuningResult(tuple(tuner.caps), tuple(tuner.medians(times)), tuner.caps[best])
+
+
+class AutoBucketedDDP(BucketedDDP):
+    """Bucketed DDP whose cap this job's first steps choose (``bucket_size_mb="auto"``).
+
+    At construction it calibrates the all-reduce (a collective) and trains its first step with
+    the overhead model's cap ``sqrt(s w o)``. After that step it tunes: the distinct bucket
+    layouts among the candidates (25 MB, the model's cap, half and double it: 1 to 4) are each
+    used for ``TUNING_ROUNDS`` = 4 steps, one per round, and 25 MB's layout is kept unless
+    another beat it in every round (steps timed from forward to the end of
+    :meth:`finish_gradient_synchronization`, slowest rank; see :class:`BucketTuner`). Tuning
+    therefore takes 1 + 4 k synchronised steps for k >= 2 distinct layouts, at most 17, and
+    only the first step when every candidate builds the same buckets. Only those steps wait
+    for the device (to read the clock), and the last one agrees on the choice with one small
+    all-reduce; afterwards the step path is :class:`BucketedDDP`'s. Buckets are rebuilt
+    between steps, never within one, so training is unchanged (``tests/test_auto_bucket.py``).
+    :attr:`tuning` is True while it lasts and :attr:`tuning_result` says what was measured.
+    """
+
+    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, **levers: Any):
+        """``levers``: BucketedDDP's keyword options (``first_bucket_mb``, ``comm_dtype``, ...)."""
+        super().__init__(module, DEFAULT_BUCKET_MB, process_group, **levers)
+        self.bucket_size_mb = AUTO
+        sizes = [p.numel() * p.element_size() for p in self.synced_params]
+        self._grad_bytes = sum(sizes)
+        # Every rank measures together, then decides alike.
+        self.model_cap_bytes, self.calibration = model_bucket_bytes(
+            self._grad_bytes, max(sizes), self._device, self.process_group
+        )
+        self.tuning_result: TuningResult | None = None  # set when tuning ends
+        self._tuner: BucketTuner | None = None
+        self._first_step_pending = True
+        self._tuning_start = 0.0
+        self._use_cap(self.model_cap_bytes)
+
+    @property
+    def _device(self) -> torch.device:
+        return self.synced_params[0].device
+
+    @property
+    def tuning(self) -> bool:
+        """Whether the cap is still being chosen (the next synchronised step is a tuning one)."""
+        return self._first_step_pending or self._tuner is not None
+
+    def _plan(self, cap_bytes: float) -> list[list[int]]:
+        return replace(self.layout, cap_bytes=cap_bytes).plan(self.launch_order)
+
+    def _use_cap(self, cap_bytes: float) -> None:
+        """Rebuild the buckets with ``cap_bytes`` in the current launch order (between steps)."""
+        layout = replace(self.layout, cap_bytes=cap_bytes)
+        if layout != self.layout:
+            self.layout = layout
+            self.rebuild_units(layout)
+
+    def _before_forward(self) -> None:
+        super()._before_forward()
+        if self.tuning:
+            sync_device(self._device)  # the clock starts on an idle device
+            self._tuning_start = time.perf_counter()
+
+    def finish_gradient_synchronization(self) -> None:
+        if not self._sync_this_backward:
+            return
+        super().finish_gradient_synchronization()
+        if self.tuning:
+            self._tuning_step_done()
+
+    def _tuning_step_done(self) -> None:
+        """After a synchronised tuning step: record its time, then set up the next step's buckets."""
+        sync_device(self._device)
+        elapsed = time.perf_counter() - self._tuning_start
+        if self._first_step_pending:  # the launch order is settled now, so the layouts are known
+            self._first_step_pending = False
+            distinct: dict[tuple, float] = {}
+            for cap in candidate_caps(self.model_cap_bytes, self._grad_bytes):
+                distinct.setdefault(tuple(map(tuple, self._plan(cap))), cap)
+            caps = list(distinct.values())
+            if len(caps) == 1:
+                self.tuning_result = TuningResult((caps[0],), (math.nan,), caps[0])
+                self._use_cap(caps[0])
+                return
+            self._tuner = BucketTuner(caps, TUNING_ROUNDS)
+            self._use_cap(self._tuner.current_cap)
+            return
+        tuner = self._tuner
+        assert tuner is not None, "a tuning step after the first one has a tuner"
+        tuner.record(elapsed)
+        if tuner.done:
+            self.tuning_result = agree_on_cap(tuner, self._device, self.process_group)
+            self._tuner = None
+            self._use_cap(self.tuning_result.chosen_cap)
+        else:
+            self._use_cap(tuner.current_cap)

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from cs336_systems.comm.coalesced import broadcast_coalesced
+from cs336_systems.ddp.bucket import read_together
 from cs336_systems.ddp.mean_all_reduce import MeanAllReduce
 
 
@@ -68,18 +69,17 @@ class UsageCount:
     a rank with a missing gradient needs to.
     """
 
-    def __init__(self, params: Sequence[nn.Parameter], comm: MeanAllReduce):
+    def __init__(self, params: Sequence[nn.Parameter]):
         # float32: the counts are small integers, exact in it, and every backend reduces it.
         self.counts = torch.zeros(len(params), dtype=torch.float32, device=params[0].device)
-        self.comm = comm
         self.work: dist.Work | None = None
 
-    def start(self, missing: Sequence[int]) -> None:
+    def start(self, missing: Sequence[int], comm: MeanAllReduce) -> None:
         """Launch the all-reduce; ``missing`` are the indices with no local gradient."""
         self.counts.fill_(1.0)
         for i in missing:
             self.counts[i].fill_(0.0)
-        self.work = self.comm.sum(self.counts, async_op=True)
+        self.work = comm.sum(self.counts, async_op=True)
 
     def wait(self) -> None:
         if self.work is not None:
@@ -89,9 +89,7 @@ class UsageCount:
     def read(self, indices: Sequence[int]) -> list[float]:
         """The counts at ``indices`` (waits for the all-reduce, then for the device: once)."""
         self.wait()
-        if not indices:
-            return []
-        return torch.stack([self.counts[i] for i in indices]).tolist()
+        return read_together([[self.counts[i] for i in indices]])[0]
 
 
 class DataParallel(nn.Module):

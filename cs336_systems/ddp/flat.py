@@ -1,7 +1,8 @@
 """Flat DDP (problem 4): after backward, one all-reduce over all gradients flattened.
 
 Same result as naive DDP, but the per-call cost is paid once per dtype/device group instead
-of once per parameter, at the price of copying every gradient into a flat buffer and back.
+of once per parameter, at the price of copying every gradient into a flat buffer and back (a
+bucket per dtype and device: bucket.py).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from torch import nn
 
 from cs336_systems.comm.coalesced import group_by_dtype_and_device
 from cs336_systems.ddp.base import DataParallel
-from cs336_systems.ddp.flat_buffer import FlatGradBuffer, read_missing_flags
+from cs336_systems.ddp.bucket import GradBucket, write_reduced_grads
 
 
 class FlatDDP(DataParallel):
@@ -19,14 +20,12 @@ class FlatDDP(DataParallel):
     def __init__(self, module: nn.Module, process_group=None, *, broadcast_buffers: bool = True):
         super().__init__(module, process_group, broadcast_buffers=broadcast_buffers)
         # Allocated once: a fresh buffer per step would cost an allocation the size of the model.
-        self._grad_buffers = [FlatGradBuffer(g) for g in group_by_dtype_and_device(self.synced_params)]
+        self._buckets = [GradBucket(g) for g in group_by_dtype_and_device(self.synced_params)]
 
     def finish_gradient_synchronization(self) -> None:
         if not self._sync_this_backward:
             return
-        for buffer in self._grad_buffers:
-            buffer.pack()
-            self.comm.mean(buffer.data)
-        for buffer, flags in zip(self._grad_buffers, read_missing_flags(self._grad_buffers)):
-            buffer.unpack(self.world_size, flags)
-        self.allreduce_calls_last_step = len(self._grad_buffers)
+        for bucket in self._buckets:
+            bucket.launch(self.comm)
+        write_reduced_grads(self._buckets, self.world_size)
+        self.allreduce_calls_last_step = len(self._buckets)

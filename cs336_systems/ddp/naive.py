@@ -16,7 +16,7 @@ class NaiveDDP(DataParallel):
 
     def __init__(self, module: torch.nn.Module, process_group=None, *, broadcast_buffers: bool = True):
         super().__init__(module, process_group, broadcast_buffers=broadcast_buffers)
-        self._usage = UsageCount(self.synced_params, self.comm)
+        self._usage = UsageCount(self.synced_params)
 
     def finish_gradient_synchronization(self) -> None:
         if not self._sync_this_backward:
@@ -25,7 +25,7 @@ class NaiveDDP(DataParallel):
         # rank alike, and one used by some ranks only is still reduced everywhere. A rank that
         # has every gradient knows every count is >= 1 without reading it.
         missing = self._missing_grads()
-        self._usage.start(missing)
+        self._usage.start(missing, self.comm)
         unused = {i for i, count in zip(missing, self._usage.read(missing)) if count == 0}
         calls = 1
         for i, param in enumerate(self.synced_params):

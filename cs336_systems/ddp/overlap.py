@@ -7,7 +7,9 @@ see ``torch.Tensor.register_post_accumulate_grad_hook``). Gradients are grouped 
 last gradient is ready, so communication runs while backward computes the rest.
 
 A unit owns its parameters, its pending count and its async work; the wrapper owns only the
-launch order and a cursor into it. Units are launched strictly in that order, the same on
+launch order and a cursor into it. A variant hands this base a factory that builds its units
+from the parameters in launch order (one unit per parameter, or buckets); the base builds them
+at construction and again whenever the launch order changes. Units are launched strictly in that order, the same on
 every rank: unit k starts only after units 0..k-1 have. Collectives are matched across ranks
 by the order they are issued in, so launching in hook order would pair different tensors on
 different ranks whenever ranks' autograd graphs differ (a branch taken on one rank only). The
@@ -20,58 +22,52 @@ reducer does), so several wrappers may share one module, as the step benchmark d
 
 ``finish_gradient_synchronization()`` launches whatever has not started (units whose
 parameters got no gradient this step, with zeros in their place), waits for every unit and
-writes the averaged gradients back. Nothing on this path reads device memory unless some
-gradient is missing on this rank (see base.py); after it the next step starts clean.
+writes the averaged gradients back (``write_reduced_grads``, bucket.py). Nothing on this path
+reads device memory unless some gradient is missing on this rank (see base.py); after it the
+next step starts clean.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from cs336_systems.ddp.base import DataParallel
+from cs336_systems.ddp.bucket import Reduction, write_reduced_grads
 from cs336_systems.ddp.mean_all_reduce import MeanAllReduce
 
 
-class ReductionUnit:
-    """Parameters reduced by one collective: the count still pending and the async work."""
+class ReductionUnit(Reduction, Protocol):
+    """Parameters reduced by one collective (a bucket, or one parameter), launched by hooks."""
 
-    def __init__(self, params: list[nn.Parameter]):
-        self.params = params
-        self.pending = len(params)
-        self.work: dist.Work | None = None
+    params: list[nn.Parameter]
+    pending: int  # gradients of ``params`` not yet final in this backward pass
 
     def mark_ready(self, param: nn.Parameter) -> None:
         """Called from the hook as each of the unit's gradients becomes final."""
-        self.pending -= 1
 
     def launch(self, comm: MeanAllReduce) -> None:
-        """Start the unit's async all-reduce (sets :attr:`work`)."""
-        raise NotImplementedError
-
-    def wait(self) -> None:
-        if self.work is not None:
-            self.work.wait()
+        """Start the unit's async all-reduce (a missing gradient counts as zeros)."""
 
     def reset(self) -> None:
-        self.pending = len(self.params)
-        self.work = None
+        """Ready for the next step."""
+
+
+# Builds the units of a wrapper from its parameters in launch order, the units in that order.
+UnitFactory = Callable[[Sequence[nn.Parameter]], Sequence[ReductionUnit]]
 
 
 class OverlappedDataParallel(DataParallel):
-    """Base of per-parameter and bucketed DDP.
-
-    Subclasses build their units with :meth:`_build_units` and install them at the end of
-    their constructor with ``self._install_units(self._build_units(self._initial_order()))``.
-    """
+    """Base of per-parameter and bucketed DDP: ``build_units`` says how parameters become units."""
 
     def __init__(
         self,
         module: nn.Module,
-        process_group: dist.ProcessGroup | None = None,
+        process_group: dist.ProcessGroup | None,
+        build_units: UnitFactory,
         *,
         reorder_after_first_step: bool = True,
         broadcast_buffers: bool = True,
@@ -79,38 +75,21 @@ class OverlappedDataParallel(DataParallel):
         super().__init__(module, process_group, broadcast_buffers=broadcast_buffers)
         self._param_names = {id(p): n for n, p in module.named_parameters()}
         self._reorder_pending = reorder_after_first_step
-        self._units: list[ReductionUnit] = []
-        self._unit_of: dict[int, ReductionUnit] = {}
         self._cursor = 0  # the next unit to launch
         self._ready_order: list[int] = []  # ids of parameters, in the order hooks fired
         self._ready_ids: set[int] = set()
         self._expect_hooks = False  # set by our forward, cleared when the step finishes
+        self.launch_order: list[nn.Parameter] = list(reversed(self.synced_params))
+        self.rebuild_units(build_units)
         self._hook_handles = [
             p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.synced_params
         ]
 
-    # -- subclass interface ------------------------------------------------------------------
-
-    def _build_units(self, params_in_launch_order: Sequence[nn.Parameter]) -> list[ReductionUnit]:
-        raise NotImplementedError
-
-    def _after_all_launched(self) -> int:
-        """Hook run after the last unit is launched and before waiting; returns the number of
-        collectives it started."""
-        return 0
-
-    def _complete_units(self) -> None:
-        """Write every unit's reduced values into ``.grad`` (all works have finished)."""
-        raise NotImplementedError
-
-    # -- units and per-step state ------------------------------------------------------------
-
-    def _initial_order(self) -> list[nn.Parameter]:
-        return list(reversed(self.synced_params))
-
-    def _install_units(self, units: list[ReductionUnit]) -> None:
-        self._units = units
-        self._unit_of = {id(p): unit for unit in units for p in unit.params}
+    def rebuild_units(self, build_units: UnitFactory) -> None:
+        """Use ``build_units`` from now on, on the current launch order (between steps only)."""
+        self._build_units = build_units
+        self._units: Sequence[ReductionUnit] = build_units(self.launch_order)
+        self._unit_of: dict[int, ReductionUnit] = {id(p): unit for unit in self._units for p in unit.params}
 
     def _reset_step(self) -> None:
         for unit in self._units:
@@ -163,11 +142,8 @@ class OverlappedDataParallel(DataParallel):
         for unit in self._units[self._cursor :]:
             unit.launch(self.comm)
         self._cursor = len(self._units)
-        extra_calls = self._after_all_launched()
-        for unit in self._units:
-            unit.wait()
-        self._complete_units()
-        self.allreduce_calls_last_step = len(self._units) + extra_calls
+        write_reduced_grads(self._units, self.world_size)
+        self.allreduce_calls_last_step = len(self._units)
         if self._reorder_pending:
             self._reorder_pending = False
             self._adopt_rank0_ready_order()
@@ -187,4 +163,5 @@ class OverlappedDataParallel(DataParallel):
         rest = [i for i in reversed(range(len(self.synced_params))) if i not in fired]
         order = torch.tensor(seen + rest, dtype=torch.int64, device=self.synced_params[0].device)
         dist.broadcast(order, src=self._src, group=self.process_group)
-        self._install_units(self._build_units([self.synced_params[i] for i in order.tolist()]))
+        self.launch_order = [self.synced_params[i] for i in order.tolist()]
+        self.rebuild_units(self._build_units)

@@ -11,27 +11,16 @@ same order (owner 0's buckets first).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
 
 from cs336_systems.comm.coalesced import broadcast_coalesced
-from cs336_systems.units import MB
+from cs336_systems.ddp.bucket import bucket_cap_bytes
 from cs336_systems.zero import checkpoint
 from cs336_systems.zero.assignment import assign_to_ranks, parameter_bytes
 from cs336_systems.zero.checkpoint import PARAM_KEYS
-
-
-def bucket_cap_bytes(bucket_size_mb: float) -> int:
-    """The broadcast bucket cap in bytes (MB = 2**20 bytes, as torch DDP's ``bucket_cap_mb``);
-    ValueError unless ``bucket_size_mb`` is a finite number > 0."""
-    if isinstance(bucket_size_mb, bool) or not isinstance(bucket_size_mb, (int, float)):
-        raise ValueError(f"bucket_size_mb must be a positive number, got {bucket_size_mb!r}")
-    if math.isnan(bucket_size_mb) or math.isinf(bucket_size_mb) or bucket_size_mb <= 0:
-        raise ValueError(f"bucket_size_mb must be finite and > 0, got {bucket_size_mb!r}")
-    return max(1, int(bucket_size_mb * MB))
 
 
 class ShardedOptimizer(torch.optim.Optimizer):

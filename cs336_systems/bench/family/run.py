@@ -4,7 +4,7 @@ One process group runs every model in turn. For each, the variants wrap one modu
 optimizer, as in the step benchmark (``cs336_systems/bench/step``), whose variant builder and
 training step are reused here: each step starts after a barrier and its time is the slowest
 rank's; round ``r`` times every variant once, the order rotated by ``r``. ``bucketed-auto`` is
-warmed up through its tuning steps (BucketedDDP's docstring says how many) before the usual
+warmed up through its tuning steps (AutoBucketedDDP's docstring says how many) before the usual
 warm-up, so its timed steps use the cap it kept, as a long training run would.
 """
 
@@ -25,7 +25,7 @@ from cs336_systems.bench.step.summarize import RawVariant, summarize
 from cs336_systems.bench.step.variants import AUTO, BUCKETED_PREFIX, COMPUTE_ONLY, TORCH_DDP, bucketed_name, build_variant
 from cs336_systems.bench.workload import Workload, shard_rows
 from cs336_systems.comm.timing import slowest_rank, small_tensor_device
-from cs336_systems.ddp import BucketedDDP
+from cs336_systems.ddp import AutoBucketedDDP, BucketedDDP
 from cs336_systems.ddp.auto_bucket import DEFAULT_BUCKET_BYTES
 from cs336_systems.launch import RankContext, run_ranks
 from cs336_systems.units import MB
@@ -87,14 +87,15 @@ def _time_member(ctx: RankContext, member: FamilyMember, setting: FamilySetting)
             allreduce_calls_per_step=wrapper.allreduce_calls_last_step if wrapper is not None else None,
             n_buckets=len(wrapper.buckets) if bucketed else None,
             bucket_cap_bytes=wrapper.bucket_cap_bytes if bucketed and math.isfinite(wrapper.bucket_cap_bytes) else None,
-            bucket_bytes=[b.buffer.payload_bytes for b in wrapper.buckets] if bucketed else None,
+            bucket_bytes=[b.payload_bytes for b in wrapper.buckets] if bucketed else None,
         ))
         if wrapper is not None:
             wrapper.detach()
-    auto: BucketedDDP = variants[AUTO_VARIANT].wrapper  # type: ignore[assignment]
+    auto = variants[AUTO_VARIANT].wrapper
+    assert isinstance(auto, AutoBucketedDDP)
     sizes = [p.numel() * p.element_size() for p in work.module.parameters() if p.requires_grad]
     tuned = auto.tuning_result
-    assert tuned is not None and auto.calibration is not None and auto.model_cap_bytes is not None
+    assert tuned is not None
     return {
         "raw": raw, "n_parameters": sum(p.numel() for p in work.module.parameters()), "n_tensors": len(sizes),
         "gradient_bytes": sum(sizes), "largest_parameter_bytes": max(sizes),

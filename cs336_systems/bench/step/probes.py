@@ -3,12 +3,12 @@
 * :class:`CopyProbe`: flat DDP's synchronisation is pack (every gradient copied into one flat
   buffer), one all-reduce, unpack (copied back). Its step time cannot tell the copies from the
   all-reduce, so after each timed flat step the probe times the same two copies on buffers of
-  the same class over the same parameter groups as flat's (``FlatGradBuffer`` per dtype and
+  the same class over the same parameter groups as flat's (``GradBucket`` per dtype and
   device group). The copies rewrite the gradients with their own values, so training is
   unchanged; they run outside the timed step, so the step times are unchanged too.
 * :func:`comm_dtype_error`: a variant that communicates in a narrower dtype (bfloat16) changes
   the averaged gradients. One extra reduction of the same local gradients, in float32 and in
-  that dtype (summed in it, then divided in float32, as ``FlatGradBuffer`` does), measures by how
+  that dtype (summed in it, then divided in float32, as ``GradBucket`` does), measures by how
   much.
 """
 
@@ -22,14 +22,14 @@ from torch import nn
 
 from cs336_systems.comm.coalesced import group_by_dtype_and_device
 from cs336_systems.comm.timing import sync_device
-from cs336_systems.ddp.flat_buffer import FlatGradBuffer, read_missing_flags
+from cs336_systems.ddp.bucket import GradBucket, write_reduced_grads
 
 
 class CopyProbe:
     """Flat DDP's pack and unpack copies, on buffers built as flat builds its own."""
 
     def __init__(self, params: list[nn.Parameter], world_size: int):
-        self.buffers = [FlatGradBuffer(group) for group in group_by_dtype_and_device(params)]
+        self.buffers = [GradBucket(group) for group in group_by_dtype_and_device(params)]
         self.world_size = world_size
 
     def time_copies(self, device: torch.device) -> tuple[float, float]:
@@ -41,8 +41,7 @@ class CopyProbe:
             buffer.pack()
         sync_device(device)
         packed = time.perf_counter()
-        for buffer, flags in zip(self.buffers, read_missing_flags(self.buffers)):
-            buffer.unpack(self.world_size, flags)
+        write_reduced_grads(self.buffers, self.world_size)
         sync_device(device)
         return packed - start, time.perf_counter() - packed
 

@@ -43,7 +43,7 @@ from cs336_systems.bench.step.variants import (
 )
 from cs336_systems.bench.workload import Workload, build_workload
 from cs336_systems.comm.timing import slowest_rank, small_tensor_device, sync_compute_stream, sync_device
-from cs336_systems.ddp import BucketedDDP
+from cs336_systems.ddp import AutoBucketedDDP, BucketedDDP
 from cs336_systems.launch import RankContext, run_ranks
 
 RANK_TIMEOUT_S = 600  # one collective on a loaded machine with a large model
@@ -97,7 +97,7 @@ def warm_up(variant: StepVariant, optimizer: torch.optim.Optimizer, work: Worklo
     (its steps choose the buckets, they are not steady state), then ``steps`` more. Returns the
     number of tuning steps."""
     tuning_steps = 0
-    while isinstance(variant.wrapper, BucketedDDP) and variant.wrapper.tuning:
+    while isinstance(variant.wrapper, AutoBucketedDDP) and variant.wrapper.tuning:
         timed_step(variant, optimizer, work, device)
         tuning_steps += 1
     for _ in range(steps):
@@ -148,7 +148,7 @@ def _retire(variant: StepVariant, m: _Measurements, names: dict[int, str]) -> No
     """Record a variant's bucket layout (``names``: parameter id -> name), then detach it."""
     if isinstance(variant.wrapper, BucketedDDP):
         m.n_buckets = len(variant.wrapper.buckets)
-        m.bucket_bytes = [bucket.buffer.payload_bytes for bucket in variant.wrapper.buckets]
+        m.bucket_bytes = [bucket.payload_bytes for bucket in variant.wrapper.buckets]
         m.bucket_params = [[names[id(p)] for p in bucket.params] for bucket in variant.wrapper.buckets]
         cap = variant.wrapper.bucket_cap_bytes
         m.bucket_cap_bytes = cap if math.isfinite(cap) else None
