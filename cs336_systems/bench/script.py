@@ -2,9 +2,9 @@
 
 A script is its flags (cs336_systems/cli, generated from the settings), a direct call of its
 benchmark's run function, and its console report. Between the run and the report,
-:func:`write_and_report` does the same for every benchmark: only rank 0 writes under torchrun or SLURM
-(every rank holds the same figures), and the environment is recorded beside the records. An
-interrupted run never gets here, so it writes nothing (``cli.stops_cleanly``).
+:func:`write_and_report` does the same for every benchmark: only rank 0 writes under torchrun
+or SLURM (every rank holds the same figures), and the environment is recorded beside the
+records. An interrupted run never gets here, so it writes nothing (``cli.stops_cleanly``).
 """
 
 from __future__ import annotations
