@@ -24,38 +24,37 @@ from __future__ import annotations
 import sys
 
 from cs336_systems import cli
-from cs336_systems.bench.script import BenchmarkScript
+from cs336_systems.bench.script import write_and_report
 from cs336_systems.bench.family import FamilyRecord, FamilySetting, run_family_benchmark
+from cs336_systems.bench.step import COMPUTE_ONLY
+from cs336_systems.units import MB
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{1e3 * seconds:.1f}"
+def build_parser() -> cli.Parser:
+    """The flags, generated from FamilySetting, plus --out and --tag."""
+    return cli.Parser(FamilySetting, __doc__, results_kind=FamilyRecord.KIND)
 
 
 def format_records(records: list[FamilyRecord]) -> str:
     """The console table: one row per model."""
     rows = []
     for r in records:
-        by = {s.variant: s for s in r.steps}
         interval = r.auto_minus_default_ci95_s
-        rows.append([r.model, f"{r.gradient_bytes / 2**20:.1f}", f"{r.chosen_cap_bytes / 2**20:.2f}",
-                     *(_ms(s.exposed_overhead_s) for s in by.values() if s.variant != "compute-only"),
-                     _ms(r.auto_minus_default_s), "-" if interval is None else f"{_ms(interval[0])}..{_ms(interval[1])}"])
+        rows.append([r.model, cli.in_mb(r.gradient_bytes), f"{r.chosen_cap_bytes / MB:.2f}",
+                     *(cli.in_ms(s.exposed_overhead_s) for s in r.steps if s.variant != COMPUTE_ONLY),
+                     cli.in_ms(r.auto_minus_default_s),
+                     None if interval is None else f"{cli.in_ms(interval[0])}..{cli.in_ms(interval[1])}"])
     return cli.format_table(["model", "s MB", "auto cap MB", "auto ms", "25MB ms", "torch ms", "auto-25MB ms",
                              "95% interval"], rows)
 
 
-def report(setting: FamilySetting, run) -> str:
-    """The console report: the setting in one line, then the table."""
-    return "\n".join([
-        f"{run.world_size} ranks, {setting.backend_name}, {run.threads_per_rank} threads per rank; "
-        "exposed overhead = step - compute-only step, median over rounds",
-        format_records(run.records),
-    ])
-
-
-SCRIPT = BenchmarkScript(FamilySetting, FamilyRecord.KIND, __doc__, lambda setting: run_family_benchmark(setting), format_records, report)
-build_parser, main = SCRIPT.build_parser, SCRIPT.main
+@cli.stops_cleanly
+def main(argv: list[str] | None = None) -> int:
+    setting, out = build_parser().parse_with_output(argv)
+    run = run_family_benchmark(setting)
+    report = "\n".join([f"{run.world_size} ranks, {setting.backend_name}, {run.threads_per_rank} threads per rank; "
+                        "exposed overhead = step - compute-only step, median over rounds", format_records(run.records)])
+    return write_and_report(out, FamilyRecord.KIND, setting, run, report)
 
 
 if __name__ == "__main__":

@@ -24,25 +24,31 @@ from __future__ import annotations
 import sys
 
 from cs336_systems import cli
-from cs336_systems.bench.script import BenchmarkScript
+from cs336_systems.bench.script import workload_line, write_and_report
 from cs336_systems.bench.step import StepRecord, StepSetting, run_step_benchmark
 
 
-def _ms(seconds: float | None) -> str | None:
-    return None if seconds is None else f"{1e3 * seconds:.1f}"
+def build_parser() -> cli.Parser:
+    """The flags, generated from StepSetting, plus --out and --tag."""
+    return cli.Parser(StepSetting, __doc__, results_kind=StepRecord.KIND)
 
 
 def format_records(records: list[StepRecord]) -> str:
     """The console table: one row per variant."""
-    rows = [[r.variant, _ms(r.median_step_s), _ms(r.median_sync_s), _ms(r.exposed_overhead_s),
+    rows = [[r.variant, cli.in_ms(r.median_step_s), cli.in_ms(r.median_sync_s), cli.in_ms(r.exposed_overhead_s),
              f"{r.exposed_share:.1%}", f"{r.tokens_per_s:.0f}",
              None if r.allreduce_calls_per_step is None else f"{r.allreduce_calls_per_step:g}"]
             for r in records]
     return cli.format_table(["variant", "step ms", "sync ms", "exposed ms", "share", "tok/s", "calls"], rows)
 
 
-SCRIPT = BenchmarkScript(StepSetting, StepRecord.KIND, __doc__, lambda setting: run_step_benchmark(setting), format_records)
-build_parser, main = SCRIPT.build_parser, SCRIPT.main
+@cli.stops_cleanly
+def main(argv: list[str] | None = None) -> int:
+    setting, out = build_parser().parse_with_output(argv)
+    run = run_step_benchmark(setting)
+    report = (f"{workload_line(setting, run.n_parameters, run.world_size)}; exposed = step - compute-only step, "
+              f"median over rounds, paired round by round\n{format_records(run.records)}")
+    return write_and_report(out, StepRecord.KIND, setting, run, report)
 
 
 if __name__ == "__main__":

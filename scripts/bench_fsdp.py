@@ -26,36 +26,36 @@ from __future__ import annotations
 import sys
 
 from cs336_systems import cli
-from cs336_systems.bench.script import BenchmarkScript
+from cs336_systems.bench.script import workload_line, write_and_report
 from cs336_systems.bench.fsdp import FsdpSetting, FsdpStepRecord, run_fsdp_benchmark
-from cs336_systems.units import MB
 
 
-def _ms(seconds: float | None) -> str | None:
-    return None if seconds is None else f"{1e3 * seconds:.1f}"
-
-
-def _mb(n_bytes: float) -> str:
-    return f"{n_bytes / MB:.1f}"
+def build_parser() -> cli.Parser:
+    """The flags, generated from FsdpSetting, plus --out and --tag."""
+    return cli.Parser(FsdpSetting, __doc__, results_kind=FsdpStepRecord.KIND)
 
 
 def format_records(records: list[FsdpStepRecord]) -> str:
     """The console table: one row per configuration."""
+    header = ["config", "step ms", "vs fsdp ms [95%]", "peak MB", "params", "grads", "optim", "activ",
+              "traffic MB", "formula MB", "fits"]
     rows = []
     for r in records:
         interval = r.vs_fsdp_ci95_s
-        vs = None if r.vs_fsdp_s is None else _ms(r.vs_fsdp_s) + (
-            f" [{_ms(interval[0])}, {_ms(interval[1])}]" if interval else "")
-        rows.append([r.configuration, _ms(r.median_step_s), vs, _mb(r.peak_bytes),
-                     *(_mb(v) for v in r.peak_parts.values()), _mb(r.traffic_bytes), _mb(r.formula_traffic_bytes),
-                     f"{r.largest_parameters / 1e6:.0f}M ({r.largest_model_size or '-'})"])
-    header = ["config", "step ms", "vs fsdp ms [95%]", "peak MB", "params", "grads", "optim", "activ",
-              "traffic MB", "formula MB", "fits"]
+        vs = None if r.vs_fsdp_s is None else cli.in_ms(r.vs_fsdp_s) + (
+            f" [{cli.in_ms(interval[0])}, {cli.in_ms(interval[1])}]" if interval else "")
+        rows.append([r.configuration, cli.in_ms(r.median_step_s), vs, cli.in_mb(r.peak_bytes),
+                     *(cli.in_mb(v) for v in r.peak_parts.values()), cli.in_mb(r.traffic_bytes),
+                     cli.in_mb(r.formula_traffic_bytes), f"{r.largest_parameters / 1e6:.0f}M ({r.largest_model_size or '-'})"])
     return cli.format_table(header, rows)
 
 
-SCRIPT = BenchmarkScript(FsdpSetting, FsdpStepRecord.KIND, __doc__, lambda setting: run_fsdp_benchmark(setting), format_records)
-build_parser, main = SCRIPT.build_parser, SCRIPT.main
+@cli.stops_cleanly
+def main(argv: list[str] | None = None) -> int:
+    setting, out = build_parser().parse_with_output(argv)
+    run = run_fsdp_benchmark(setting)
+    report = f"{workload_line(setting, run.n_parameters, run.world_size)}\n{format_records(run.records)}"
+    return write_and_report(out, FsdpStepRecord.KIND, setting, run, report)
 
 
 if __name__ == "__main__":

@@ -26,31 +26,21 @@ from __future__ import annotations
 import sys
 
 from cs336_systems import cli
-from cs336_systems.bench.script import BenchmarkScript, workload_line
-from cs336_systems.bench.accounting import (
-    PHASES,
-    AccountingRecord,
-    AccountingSetting,
-    communication_bytes_per_rank,
-    run_accounting,
-    sharded_minus_unsharded,
-)
-from cs336_systems.units import MB
+from cs336_systems.bench.script import workload_line, write_and_report
+from cs336_systems.bench.accounting import PHASES, AccountingRecord, AccountingRun, AccountingSetting, run_accounting
+from cs336_systems.bench.accounting import communication_bytes_per_rank, sharded_minus_unsharded
 
 
-def _mb(n_bytes: float | None) -> str | None:
-    return None if n_bytes is None else f"{n_bytes / MB:.1f}"
-
-
-def _ms(seconds: float) -> str:
-    return f"{1e3 * seconds:.1f}"
+def build_parser() -> cli.Parser:
+    """The flags, generated from AccountingSetting, plus --out and --tag."""
+    return cli.Parser(AccountingSetting, __doc__, results_kind=AccountingRecord.KIND)
 
 
 def format_records(records: list[AccountingRecord]) -> str:
     """The console table: one row per (configuration, rank); memory in MB above the baseline."""
-    rows = [[r.configuration, r.rank, _mb(r.baseline_bytes), _mb(r.optimizer_state_bytes),
-             _mb(r.expected_optimizer_state_bytes), *(_mb(r.phase(p).peak_above_baseline_bytes) for p in PHASES),
-             _ms(r.median_step_s), _ms(r.median_optimizer_step_s)] for r in records]
+    rows = [[r.configuration, r.rank, cli.in_mb(r.baseline_bytes), cli.in_mb(r.optimizer_state_bytes),
+             cli.in_mb(r.expected_optimizer_state_bytes), *(cli.in_mb(r.phase(p).peak_above_baseline_bytes) for p in PHASES),
+             cli.in_ms(r.median_step_s), cli.in_ms(r.median_optimizer_step_s)] for r in records]
     header = ["configuration", "rank", "baseline", "state", "expected", *(f"peak {p}" for p in PHASES),
               "step ms", "opt ms"]
     return cli.format_table(header, rows)
@@ -65,12 +55,12 @@ def format_difference(records: list[AccountingRecord]) -> str:
             continue
         median, interval = found
         spread = "no interval: fewer than 6 rounds" if interval is None else (
-            f"95% interval {_ms(interval[0])} to {_ms(interval[1])} ms")
-        parts.append(f"{label} {_ms(median)} ms ({spread})")
+            f"95% interval {cli.in_ms(interval[0])} to {cli.in_ms(interval[1])} ms")
+        parts.append(f"{label} {cli.in_ms(median)} ms ({spread})")
     return "sharded minus unsharded, median over rounds: " + "; ".join(parts)
 
 
-def report(setting: AccountingSetting, run) -> str:
+def report(setting: AccountingSetting, run: AccountingRun) -> str:
     """The console report: the setting in one line, then the table."""
     first = run.records[0]
     comm = communication_bytes_per_rank(first.parameter_bytes, run.world_size)
@@ -79,15 +69,17 @@ def report(setting: AccountingSetting, run) -> str:
         + f"; memory in MB above each configuration's baseline ({first.method})",
         format_records(run.records),
         format_difference(run.records),
-        f"per rank per step: DDP all-reduce {_mb(comm.ddp_allreduce)} MB, sharded-optimizer broadcasts "
-        f"{_mb(comm.sharded_optimizer_broadcast)} MB (together {_mb(comm.ddp_plus_sharded_optimizer)}), "
-        f"paper ZeRO-1 {_mb(comm.paper_zero1)} MB",
+        f"per rank per step: DDP all-reduce {cli.in_mb(comm.ddp_allreduce)} MB, sharded-optimizer broadcasts "
+        f"{cli.in_mb(comm.sharded_optimizer_broadcast)} MB (together {cli.in_mb(comm.ddp_plus_sharded_optimizer)}), "
+        f"paper ZeRO-1 {cli.in_mb(comm.paper_zero1)} MB",
     ])
 
 
-SCRIPT = BenchmarkScript(AccountingSetting, AccountingRecord.KIND, __doc__, lambda setting: run_accounting(setting),
-                         format_records, report)
-build_parser, main = SCRIPT.build_parser, SCRIPT.main
+@cli.stops_cleanly
+def main(argv: list[str] | None = None) -> int:
+    setting, out = build_parser().parse_with_output(argv)
+    run = run_accounting(setting)
+    return write_and_report(out, AccountingRecord.KIND, setting, run, report(setting, run))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The model-family benchmark (``scripts/bench_bucket_family.py``) and its writeup section.
 
 The section is rendered from results files written by the benchmark's own writer
-(``family_record``) with planted step times whose verdicts we know: a model where auto is
+(``family_record``, ``StepRecord.from_steps``) with planted step times whose verdicts we know: a model where auto is
 faster round after round, one where auto kept 25 MB's buckets (noise only), one where auto is
 slower. One short real run checks that the script writes what the section reads.
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.bench.family import FAMILY, FamilySetting
+from cs336_systems.bench.family import FAMILY, FamilyRecord, FamilySetting
 from cs336_systems.bench.family.run import AUTO_VARIANT, DEFAULT_VARIANT, FAMILY_VARIANTS, family_record
-from cs336_systems.bench.step import COMPUTE_ONLY, TORCH_DDP, RawVariant
+from cs336_systems.bench.step import COMPUTE_ONLY, TORCH_DDP
 from cs336_systems.ddp.auto_bucket import TUNING_ROUNDS
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.kinds import read_any
@@ -24,6 +24,7 @@ from cs336_systems.writeup import render_writeup
 from cs336_systems.writeup.family_section import family_section
 from scripts import bench_bucket_family
 
+from .step_records import records_from_measured
 from .test_writeup_allreduce import environment
 
 pytestmark = pytest.mark.problem("beyond")
@@ -37,8 +38,8 @@ NOISE = [0.0010, -0.0008, 0.0002, -0.0012, 0.0009, -0.0002, 0.0011, -0.0006]  # 
 PLANTED = {"many-small": (-0.010, False), "few-huge": (0.0, True), "torch-encoder": (+0.020, False)}
 
 
-def measured(name: str, auto_offset: float, same: bool) -> dict:
-    """What the ranks would bring back for one model, with planted slowest-rank step times."""
+def planted_record(name: str, auto_offset: float, same: bool) -> FamilyRecord:
+    """A model's record as its ranks would build it, with planted slowest-rank step times."""
     base = {COMPUTE_ONLY: 0.100, DEFAULT_VARIANT: 0.130, TORCH_DDP: 0.128}
     raw = []
     for variant in FAMILY_VARIANTS:
@@ -51,18 +52,23 @@ def measured(name: str, auto_offset: float, same: bool) -> dict:
             buckets = [MB, 3 * MB]
         elif variant == AUTO_VARIANT:
             buckets = [MB, MB, 2 * MB]
-        raw.append(RawVariant(variant, steps, None if variant in (COMPUTE_ONLY, TORCH_DDP) else [0.01] * ROUNDS,
-                              None, len(buckets) if buckets else None, None, buckets))
+        raw.append(dict(variant=variant, step_times_s=steps,
+                        sync_times_s=None if variant in (COMPUTE_ONLY, TORCH_DDP) else [0.01] * ROUNDS,
+                        n_buckets=len(buckets) if buckets else None, bucket_bytes=buckets))
+    member = FAMILY[name]
     caps = [4 * MB, 2 * MB] if not same else [25 * MB]
-    return {"raw": raw, "n_parameters": 1_000_000, "n_tensors": 12, "gradient_bytes": 4 * MB,
-            "largest_parameter_bytes": MB, "calibration": (500e-6, 1e9), "model_cap_bytes": 2 * MB,
-            "caps": caps, "medians": [0.13, 0.12] if not same else [None], "chosen": caps[-1],
-            "tuning_steps": 1 + TUNING_ROUNDS * len(caps) if not same else 1}
+    return family_record(
+        member, records_from_measured(raw, member.global_batch * member.context_length), n_parameters=1_000_000,
+        n_tensors=12, gradient_bytes=4 * MB, largest_parameter_bytes=MB, calibration_o_s=500e-6,
+        calibration_w_bytes_per_s=1e9, model_cap_bytes=2 * MB, candidate_caps_bytes=caps,
+        candidate_median_s=[0.13, 0.12] if not same else [None], chosen_cap_bytes=caps[-1],
+        tuning_steps=1 + TUNING_ROUNDS * len(caps) if not same else 1,
+    )
 
 
 def render(tmp_path: Path, models: dict[str, tuple[float, bool]]) -> str:
     root = tmp_path / "results"
-    records = [family_record(FAMILY[name], measured(name, *planted)) for name, planted in models.items()]
+    records = [planted_record(name, *planted) for name, planted in models.items()]
     setting = FamilySetting(models=tuple(models), rounds=ROUNDS)
     write_results(results_path("bucket_family", TAG, root=root),
                   ResultsFile("bucket_family", environment(), to_json(setting), records, {"threads_per_rank": 1}))

@@ -24,7 +24,6 @@ from cs336_systems.bench.step import (
     ABLATION_VARIANTS,
     COMPUTE_ONLY,
     TORCH_DDP,
-    RawVariant,
     StepRecord,
     StepRun,
     StepSetting,
@@ -32,7 +31,6 @@ from cs336_systems.bench.step import (
     check_variant_name,
     communication_dtype,
     parse_bucketed,
-    summarize,
 )
 from cs336_systems.bench.step.probes import CopyProbe, comm_dtype_error
 from cs336_systems.results.files import ResultsFile, write_results
@@ -41,6 +39,7 @@ from cs336_systems.results.paths import results_path
 from cs336_systems.units import MB
 
 from .script_checks import interrupted_run_writes_nothing, must_not_start, refused_in_one_line
+from .step_records import records_from_measured
 
 # The benchmark behind problems 3 to 6a; tests of one problem's figures say which.
 pytestmark = pytest.mark.problem("naive_ddp_benchmarking")
@@ -261,16 +260,17 @@ FLOOR_S = [0.100, 0.104, 0.098, 0.110, 0.101, 0.097, 0.103, 0.099]  # the comput
 EXTRA_S = [0.020, 0.023, 0.018, 0.030, 0.021, 0.019, 0.022, 0.025]  # the variant's cost per round
 
 
-def planted() -> list[RawVariant]:
-    floor = RawVariant(COMPUTE_ONLY, FLOOR_S, None, None)
-    bucketed = RawVariant("bucketed-25MB", [f + e for f, e in zip(FLOOR_S, EXTRA_S)], [0.5 * e for e in EXTRA_S],
-                          2, n_buckets=2, bucket_cap_bytes=25 * MB, bucket_bytes=[12, 20], first_bucket_cap_bytes=MB,
-                          bucket_params=[["head"], ["norm", "embedding"]], comm_error_rel=0.003)
-    return [floor, bucketed]
+def planted() -> list[StepRecord]:
+    floor = dict(variant=COMPUTE_ONLY, step_times_s=FLOOR_S)
+    bucketed = dict(variant="bucketed-25MB", step_times_s=[f + e for f, e in zip(FLOOR_S, EXTRA_S)],
+                    sync_times_s=[0.5 * e for e in EXTRA_S], allreduce_calls_per_step=2, n_buckets=2,
+                    bucket_cap_bytes=25 * MB, bucket_bytes=[12, 20], first_bucket_cap_bytes=MB,
+                    bucket_params=[["head"], ["norm", "embedding"]], comm_error_rel=0.003)
+    return records_from_measured([floor, bucketed], tokens_per_step=128)
 
 
 def test_summary_pairs_each_round_with_its_compute_only_step():
-    floor, bucketed = summarize(planted(), tokens_per_step=128)
+    floor, bucketed = planted()
     steps = sorted(f + e for f, e in zip(FLOOR_S, EXTRA_S))
     assert bucketed.median_step_s == pytest.approx((steps[3] + steps[4]) / 2)  # 8 steps: mean of the middle two
     assert (bucketed.min_step_s, bucketed.max_step_s) == (steps[0], steps[-1])
@@ -288,16 +288,11 @@ def test_summary_pairs_each_round_with_its_compute_only_step():
     assert floor.exposed_overhead_s == 0 and floor.sync_share is None and floor.bucket_size_mb is None
 
 
-def test_summary_needs_the_compute_only_variant():
-    with pytest.raises(ValueError, match="no 'compute-only' variant"):
-        summarize(planted()[1:], tokens_per_step=128)
-
-
 def test_records_survive_the_results_file(tmp_path):
     from cs336_systems.results.environment import collect_environment
     from cs336_systems.results.schema import to_json
 
-    records = summarize(planted(), tokens_per_step=128)
+    records = planted()
     path = write_results(tmp_path / "ddp_step.json", ResultsFile(
         StepRecord.KIND, collect_environment("gloo", 2, "cpu"), to_json(StepSetting()), records, {"n_parameters": 7}))
     back = read_any(path)
@@ -342,7 +337,7 @@ def test_cuda_without_a_gpu_is_one_line(no_ranks, capsys):
 
 
 def fake_run(rank: int = 0) -> StepRun:
-    return StepRun(summarize(planted(), 128), n_parameters=7, world_size=2, shared_gpu=False, rank=rank,
+    return StepRun(planted(), n_parameters=7, world_size=2, shared_gpu=False, rank=rank,
                    threads_per_rank=1, ranks_on_node=2)
 
 
@@ -375,9 +370,9 @@ def test_an_interrupted_run_writes_nothing(monkeypatch, tmp_path, capsys):
 
 
 def test_median_of_an_odd_count_is_the_middle_step():
-    """The record's median is the plain median (a cross-check of summarize on 3 rounds)."""
-    raw = [RawVariant(COMPUTE_ONLY, [0.3, 0.1, 0.2], None, None), RawVariant("flat", [0.5, 0.4, 0.6], [0.1] * 3, 1)]
-    _, flat = summarize(raw, tokens_per_step=10)
+    """The record's median is the plain median (a cross-check of from_steps on 3 rounds)."""
+    flat = StepRecord.from_steps("flat", [0.5, 0.4, 0.6], [0.3, 0.1, 0.2], tokens_per_step=10, sync_times_s=[0.1] * 3,
+                                 allreduce_calls_per_step=1)
     assert flat.median_step_s == 0.5 and flat.exposed_overhead_s == pytest.approx(0.3)
     assert flat.exposed_overhead_ci95_s is None  # 3 rounds are too few for a 95% interval
     assert math.isclose(flat.tokens_per_s, 20.0)

@@ -1,6 +1,6 @@
 """The writeup's lever-ablation section, from a ``ddp_step-ablation.json`` written with the benchmark's writer.
 
-Records are built by the benchmark's own ``summarize`` from planted step times whose readings we
+Records are built by the benchmark's own ``StepRecord.from_steps`` from planted step times whose readings we
 know: one lever whose per-round difference from the default changes sign from round to round
 (indistinguishable here) and one whose difference is the same in every round (stated with its
 sign), variants resolved shorter and longer than torch DDP's, all on top of a machine load that
@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from cs336_basics.model import TransformerLM, model_config
-from cs336_systems.bench.step import ABLATION_VARIANTS, COMPUTE_ONLY, TORCH_DDP, RawVariant, StepRecord, StepSetting
-from cs336_systems.bench.step import summarize
+from cs336_systems.bench.step import ABLATION_VARIANTS, COMPUTE_ONLY, TORCH_DDP, StepRecord, StepSetting
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.paths import results_path
 from cs336_systems.results.schema import to_json
@@ -27,6 +26,7 @@ from cs336_systems.units import MB
 from cs336_systems.writeup import render_writeup
 from cs336_systems.writeup.ablation_section import ablation_section
 
+from .step_records import records_from_measured
 from .test_writeup_allreduce import environment
 from .test_writeup_ddp import output_files
 
@@ -77,7 +77,7 @@ def ablation_records() -> list[StepRecord]:
     for name in ABLATION_VARIANTS:
         bucketed = name.startswith("bucketed-")
         plan = plan_of(name)
-        raw.append(RawVariant(
+        raw.append(dict(
             variant=name,
             step_times_s=[STEP_S.get(name, 0.100) + d + (name == "bucketed-25MB-copy") * extra
                           for d, extra in zip(DRIFT_S, COPY_EXTRA_S)],
@@ -90,7 +90,7 @@ def ablation_records() -> list[StepRecord]:
             first_bucket_cap_bytes=1.0 * MB if bucketed and name != "bucketed-25MB-no-first" else None,
             comm_error_rel=BF16_ERROR if name == "bucketed-25MB-bf16" else None,
         ))
-    return summarize(raw, tokens_per_step=4 * 32)
+    return records_from_measured(raw, tokens_per_step=4 * 32)
 
 
 def write_ablation(root: Path) -> Path:

@@ -1,8 +1,8 @@
 """The writeup's DDP sections (problems 2 to 6a), built only from results files written with the benchmarks' writers.
 
 A small results tree is written here by code, through the benchmarks' own record types and
-``summarize``, with planted values whose rendering we know: eight rounds of step times made of a
-machine drift shared by every variant of a round plus a per-variant offset, so each paired
+``StepRecord.from_steps``, with planted values whose rendering we know: eight rounds of step times
+made of a machine drift shared by every variant of a round plus a per-variant offset, so each paired
 difference and its sign-test interval are known (flat − naive is -10 ms in every round: resolved;
 per-parameter − flat changes sign: indistinguishable); all-reduce times exactly on
 ``o + bytes / w``; flat's copies; the buckets each cap built, from the tiny model's parameters;
@@ -26,11 +26,9 @@ from cs336_systems.bench.profile import ProfileRecord, ProfileSetting, StepTimel
 from cs336_systems.bench.step import (
     COMPUTE_ONLY,
     TORCH_DDP,
-    RawVariant,
     StepRecord,
     StepSetting,
     bucket_size_of,
-    summarize,
 )
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.paths import PROFILE_DIR, results_dir, results_path
@@ -50,6 +48,7 @@ from cs336_systems.writeup.ddp_sections import (
 from cs336_systems.writeup.profile_figure import render_timelines
 from cs336_systems.writeup.step_setting import gpu_notes
 
+from .step_records import records_from_measured
 from .test_writeup_allreduce import PLANTED_O_S, PLANTED_W, environment, line_records
 
 pytestmark = pytest.mark.problem("beyond")
@@ -109,9 +108,10 @@ def step_records(setting: StepSetting, base: dict[str, float] = BASE_S,
         steps = [base.get(name, 0.15) + d + (w if name in wobbled else 0.0) for d, w in zip(DRIFT_S, WOBBLE_S)]
         size = bucket_size_of(name)
         plan = None if size is None else planted_plan(size)
-        raw.append(RawVariant(
-            name, steps, None if name in (COMPUTE_ONLY, TORCH_DDP) else [SYNC_S.get(name, 0.01)] * ROUNDS,
-            None if name == COMPUTE_ONLY else CALLS.get(name, len(plan) if plan else None),
+        raw.append(dict(
+            variant=name, step_times_s=steps,
+            sync_times_s=None if name in (COMPUTE_ONLY, TORCH_DDP) else [SYNC_S.get(name, 0.01)] * ROUNDS,
+            allreduce_calls_per_step=None if name == COMPUTE_ONLY else CALLS.get(name, len(plan) if plan else None),
             n_buckets=len(plan) if plan else None,
             bucket_cap_bytes=size * MB if size is not None else None,
             bucket_bytes=payloads(plan) if plan else None,
@@ -120,7 +120,7 @@ def step_records(setting: StepSetting, base: dict[str, float] = BASE_S,
             pack_times_s=[PACK_S] * ROUNDS if name == "flat" else None,
             unpack_times_s=[UNPACK_S] * ROUNDS if name == "flat" else None,
         ))
-    return summarize(raw, setting.tokens_per_step)
+    return records_from_measured(raw, setting.tokens_per_step)
 
 
 def timeline(backward: tuple[float, float], communication: list[tuple[float, float]]) -> StepTimeline:
@@ -302,10 +302,10 @@ def test_a_sweep_inside_the_noise_does_not_match_and_says_what_would(tmp_path):
 
 
 def test_the_verdict_needs_an_interval_not_a_median():
-    raw = [RawVariant(name, [0.1 + d + (w if name != COMPUTE_ONLY else 0) for d, w in zip(DRIFT_S, WOBBLE_S)],
-                      None, None, bucket_cap_bytes=MB if name.startswith("bucketed") else None)
+    raw = [dict(variant=name, step_times_s=[0.1 + d + (w if name != COMPUTE_ONLY else 0) for d, w in zip(DRIFT_S, WOBBLE_S)],
+                bucket_cap_bytes=MB if name.startswith("bucketed") else None)
            for name in (COMPUTE_ONLY, "flat", "per-parameter", "bucketed-1MB", "bucketed-2MB")]
-    records = summarize(raw, tokens_per_step=1)
+    records = records_from_measured(raw, tokens_per_step=1)
     v = {r.variant: r for r in records}
     sweep = bucket_sweep(records)
     text = sweep_verdict(sweep, v, comparisons(sweep, v))

@@ -72,13 +72,10 @@ def records(torch_minus_ours_s: list[float]) -> list[FsdpStepRecord]:
         ZERO1: [t + (0.1 if i % 2 else -0.1) for i, t in enumerate(ours)],
         TORCH_FSDP: [t + d for t, d in zip(ours, torch_minus_ours_s)],
     }
-    run = {
-        "measured": {n: Measured(times[n], MEMORY[n], PAYLOADS[n], {k: 3 for k in PAYLOADS[n]},
-                                 "reduce-scatter" if n == FSDP else None) for n in CONFIGURATIONS},
-        "timelines": {FSDP: TIMELINE, TORCH_FSDP: TIMELINE},
-        "n_parameters": B // 4, "parameter_bytes": B, "free_per_rank": 1024 * MB, "world_size": 2,
-    }
-    return summarize(run, SETTING)
+    measured = {n: Measured(times[n], MEMORY[n], PAYLOADS[n], {k: 3 for k in PAYLOADS[n]},
+                            "reduce-scatter" if n == FSDP else None) for n in CONFIGURATIONS}
+    return summarize(measured, {FSDP: TIMELINE, TORCH_FSDP: TIMELINE}, SETTING, n_parameters=B // 4, parameter_bytes=B,
+                     free_per_rank=1024 * MB, world_size=2)
 
 
 def render(tmp_path: Path, torch_minus_ours_s: list[float] | None) -> tuple[str, list[Path]]:

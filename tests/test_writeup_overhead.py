@@ -23,7 +23,8 @@ def _write_results_tree(root, backward_s: float | None):
     from cs336_systems.bench.allreduce.record import measured_record
     from cs336_systems.bench.allreduce.setting import GridPoint
     from cs336_systems.bench.profile import ProfileRecord, ProfileSetting, StepTimeline
-    from cs336_systems.bench.step import COMPUTE_ONLY, RawVariant, StepSetting, summarize
+    from cs336_systems.bench.step import COMPUTE_ONLY, StepSetting
+    from tests.step_records import records_from_measured
     from cs336_systems.results.files import ResultsFile, write_results
     from cs336_systems.results.paths import PROFILE_DIR, results_dir, results_path
     from cs336_systems.results.schema import to_json
@@ -37,12 +38,13 @@ def _write_results_tree(root, backward_s: float | None):
     write_results(results_path("allreduce", tag, root=root), ResultsFile("allreduce", env, {"iters": 3}, line))
     setting = StepSetting(model_size="tiny", context_length=32, global_batch=4, bucket_sizes_mb=(0.5, 100.0),
                           rounds=6, steps_per_round=1, variants=(COMPUTE_ONLY, "bucketed-0.5MB", "bucketed-100MB"))
-    raw = [RawVariant(COMPUTE_ONLY, [0.5] * 6, None, None)]
+    raw = [dict(variant=COMPUTE_ONLY, step_times_s=[0.5] * 6)]
     for name, buckets in SECTION_BUCKETS.items():
-        raw.append(RawVariant(name, [0.5 + SECTION_EXPOSED[name]] * 6, [SECTION_WAIT[name]] * 6, len(buckets),
-                              len(buckets), None, buckets))
+        raw.append(dict(variant=name, step_times_s=[0.5 + SECTION_EXPOSED[name]] * 6,
+                        sync_times_s=[SECTION_WAIT[name]] * 6, allreduce_calls_per_step=len(buckets),
+                        n_buckets=len(buckets), bucket_bytes=buckets))
     write_results(results_path("ddp_step", tag, root=root),
-                  ResultsFile("ddp_step", env, to_json(setting), summarize(raw, setting.tokens_per_step),
+                  ResultsFile("ddp_step", env, to_json(setting), records_from_measured(raw, setting.tokens_per_step),
                               {"n_parameters": SECTION_PARAMETERS, "threads_per_rank": 1}))
     if backward_s is not None:
         us = backward_s * 1e6

@@ -57,7 +57,7 @@ class WorkloadSetting(LaunchSetting):
 class Workload:
     """What one rank trains: the model on its device and its shard of the batch."""
 
-    config: TransformerConfig
+    config: TransformerConfig | None  # None: a model that is not the LM (bench/family's)
     module: nn.Module
     tokens: torch.Tensor  # [rows of this rank, context_length]
     targets: torch.Tensor  # the next token of each position

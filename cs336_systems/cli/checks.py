@@ -21,10 +21,21 @@ MAX_MB = 1024 * 1024  # 1 TiB
 
 
 class Check:
-    """How one flag's text becomes a value, and what it refuses."""
+    """How one flag's text becomes a value, and what it refuses.
 
-    allowed: str = ""  # what the value may be, for messages and help
-    bad_values: tuple[str, ...] = ()  # texts this check must refuse
+    A check states ``allowed`` and ``bad_values`` as a field where they are fixed and as a
+    property where they follow from its bounds; here they are read-only, so either may override.
+    """
+
+    @property
+    def allowed(self) -> str:
+        """What the value may be, for messages and help."""
+        raise NotImplementedError
+
+    @property
+    def bad_values(self) -> tuple[str, ...]:
+        """Texts this check must refuse."""
+        raise NotImplementedError
 
     def parse(self, text: str) -> Any:
         raise NotImplementedError
@@ -42,11 +53,11 @@ class Integer(Check):
     maximum: int = MAX_COUNT
 
     @property
-    def allowed(self) -> str:  # type: ignore[override]
+    def allowed(self) -> str:
         return f"an integer from {self.minimum} to {self.maximum}"
 
     @property
-    def bad_values(self) -> tuple[str, ...]:  # type: ignore[override]
+    def bad_values(self) -> tuple[str, ...]:
         return (str(self.minimum - 1), "1.5", "ten", str(self.maximum * 1000))
 
     def parse(self, text: str) -> int:
@@ -66,12 +77,12 @@ class Number(Check):
     low_open: bool = True  # True: value > low; False: value >= low
 
     @property
-    def allowed(self) -> str:  # type: ignore[override]
+    def allowed(self) -> str:
         low = f"> {self.low:g}" if self.low_open else f">= {self.low:g}"
         return f"a number {low}" + ("" if math.isinf(self.high) else f" and <= {self.high:g}")
 
     @property
-    def bad_values(self) -> tuple[str, ...]:  # type: ignore[override]
+    def bad_values(self) -> tuple[str, ...]:
         below = self.low if self.low_open else self.low - 1
         above = () if math.isinf(self.high) else (f"{self.high * 1000:g}",)
         return (f"{below:g}", "-7", "nan", "inf", "many", *above)
@@ -92,11 +103,11 @@ class Choice(Check):
     values: tuple[str, ...] = ()
 
     @property
-    def allowed(self) -> str:  # type: ignore[override]
+    def allowed(self) -> str:
         return "one of " + ", ".join(self.values)
 
     @property
-    def bad_values(self) -> tuple[str, ...]:  # type: ignore[override]
+    def bad_values(self) -> tuple[str, ...]:
         return ("no-such-choice",)
 
     def parse(self, text: str) -> str:

@@ -1,7 +1,8 @@
 """The parser every script uses: flags generated from a settings dataclass, one-line errors.
 
-Also the two pieces every script's ``main`` shares: :func:`stops_cleanly` (an interrupted run
-ends with one line and the signal's status) and :func:`format_table` (console tables).
+Also the pieces every script's ``main`` shares: :func:`stops_cleanly` (an interrupted run ends
+with one line and the signal's status) and :func:`format_table` (console tables, whose cells
+:func:`in_ms` and :func:`in_mb` write).
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import dataclasses
 import functools
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 from cs336_systems.cli.checks import FOLDER_NAME, Check, Choice, Integer, Number, OutputFile
 from cs336_systems.cli.options import Option
 from cs336_systems.launch.signals import Interrupted
 from cs336_systems.results.paths import RESULTS_ROOT, results_path
+from cs336_systems.units import MB
 
 
 class Parser(argparse.ArgumentParser):
@@ -36,7 +38,7 @@ class Parser(argparse.ArgumentParser):
 
     def _add_field(self, f: dataclasses.Field, opt: Option) -> None:
         name = opt.flag or "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if opt.check is None:
             self.add_argument(name, dest=f.name, action="store_true", help=opt.help)
         else:
@@ -86,7 +88,7 @@ class Parser(argparse.ArgumentParser):
         args = self.parse_args(argv)
         return self.settings_from(args), args
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         # One line, the script's name and the reason: no usage dump to scroll past.
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
@@ -124,3 +126,13 @@ def format_table(header: Sequence[str], rows: Iterable[Sequence[Any]], right: Ca
     for row in cells:
         lines.append("  ".join(c.rjust(w) if right(i) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip())
     return "\n".join(lines)
+
+
+def in_ms(seconds: float | None) -> str | None:
+    """A time as a table cell, in milliseconds (None stays None: format_table shows "-")."""
+    return None if seconds is None else f"{1e3 * seconds:.1f}"
+
+
+def in_mb(n_bytes: float | None) -> str | None:
+    """A size as a table cell, in MB of 2**20 bytes (None stays None: format_table shows "-")."""
+    return None if n_bytes is None else f"{n_bytes / MB:.1f}"

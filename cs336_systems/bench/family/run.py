@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -20,8 +21,8 @@ from cs336_systems.bench.family.models import FAMILY, FamilyMember
 from cs336_systems.bench.family.record import FamilyRecord
 from cs336_systems.bench.family.setting import FamilySetting
 from cs336_systems.bench.stats import paired_median
+from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.run import timed_step, warm_up
-from cs336_systems.bench.step.summarize import RawVariant, summarize
 from cs336_systems.bench.step.variants import AUTO, BUCKETED_PREFIX, COMPUTE_ONLY, TORCH_DDP, bucketed_name, build_variant
 from cs336_systems.bench.workload import Workload, shard_rows
 from cs336_systems.comm.timing import slowest_rank, small_tensor_device
@@ -56,10 +57,10 @@ def _workload(ctx: RankContext, member: FamilyMember, seed: int) -> Workload:
     g = torch.Generator().manual_seed(seed)
     data = torch.randint(0, member.vocab, (member.global_batch, member.context_length + 1), generator=g)
     rows = shard_rows(member.global_batch, ctx.rank, ctx.world_size)
-    return Workload(None, module, data[rows, :-1].to(ctx.device), data[rows, 1:].to(ctx.device))  # type: ignore[arg-type]
+    return Workload(None, module, data[rows, :-1].to(ctx.device), data[rows, 1:].to(ctx.device))
 
 
-def _time_member(ctx: RankContext, member: FamilyMember, setting: FamilySetting) -> dict:
+def _time_member(ctx: RankContext, member: FamilyMember, setting: FamilySetting) -> FamilyRecord:
     work = _workload(ctx, member, setting.seed)
     optimizer = torch.optim.AdamW(work.module.parameters(), lr=1e-4)
     variants, tuning_steps = {}, 0
@@ -67,8 +68,8 @@ def _time_member(ctx: RankContext, member: FamilyMember, setting: FamilySetting)
         variant = build_variant(name, work.module, ctx)
         tuning_steps += warm_up(variant, optimizer, work, ctx.device, setting.warmup_steps)
         variants[name] = variant
-    steps = {name: [] for name in FAMILY_VARIANTS}
-    syncs = {name: [] for name in FAMILY_VARIANTS}
+    steps: dict[str, list[float]] = {name: [] for name in FAMILY_VARIANTS}
+    syncs: dict[str, list[float]] = {name: [] for name in FAMILY_VARIANTS}
     names = list(FAMILY_VARIANTS)
     for r in range(setting.rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
@@ -76,56 +77,53 @@ def _time_member(ctx: RankContext, member: FamilyMember, setting: FamilySetting)
             steps[name].append(step_s)
             syncs[name].append(sync_s)
     small = small_tensor_device(ctx.device, ctx.backend)
-    raw = []
+    slowest = {name: slowest_rank(steps[name], small) for name in names}
+    records = []
     for name in names:
         wrapper = variants[name].wrapper
-        bucketed = isinstance(wrapper, BucketedDDP)
-        raw.append(RawVariant(
-            variant=name,
-            step_times_s=slowest_rank(steps[name], small),
+        buckets: dict[str, Any] = {}
+        if isinstance(wrapper, BucketedDDP):
+            cap = wrapper.bucket_cap_bytes
+            buckets = {"n_buckets": len(wrapper.buckets), "bucket_cap_bytes": cap if math.isfinite(cap) else None,
+                       "bucket_bytes": [b.payload_bytes for b in wrapper.buckets]}
+        records.append(StepRecord.from_steps(
+            name, slowest[name], slowest[COMPUTE_ONLY], member.global_batch * member.context_length,
             sync_times_s=slowest_rank(syncs[name], small) if wrapper is not None else None,
             allreduce_calls_per_step=wrapper.allreduce_calls_last_step if wrapper is not None else None,
-            n_buckets=len(wrapper.buckets) if bucketed else None,
-            bucket_cap_bytes=wrapper.bucket_cap_bytes if bucketed and math.isfinite(wrapper.bucket_cap_bytes) else None,
-            bucket_bytes=[b.payload_bytes for b in wrapper.buckets] if bucketed else None,
+            **buckets,
         ))
         if wrapper is not None:
             wrapper.detach()
     auto = variants[AUTO_VARIANT].wrapper
-    assert isinstance(auto, AutoBucketedDDP)
+    assert isinstance(auto, AutoBucketedDDP), f"{AUTO_VARIANT} is built as AutoBucketedDDP"
     sizes = [p.numel() * p.element_size() for p in work.module.parameters() if p.requires_grad]
     tuned = auto.tuning_result
-    assert tuned is not None
-    return {
-        "raw": raw, "n_parameters": sum(p.numel() for p in work.module.parameters()), "n_tensors": len(sizes),
-        "gradient_bytes": sum(sizes), "largest_parameter_bytes": max(sizes),
-        "calibration": (auto.calibration.o_s, auto.calibration.w_bytes_per_s), "model_cap_bytes": auto.model_cap_bytes,
-        "caps": list(tuned.caps), "medians": [None if math.isnan(m) else m for m in tuned.median_s],
-        "chosen": tuned.chosen_cap, "tuning_steps": tuning_steps,
-    }
+    assert tuned is not None and auto.calibration is not None and auto.model_cap_bytes is not None
+    return family_record(
+        member, records, n_parameters=sum(p.numel() for p in work.module.parameters()), n_tensors=len(sizes),
+        gradient_bytes=sum(sizes), largest_parameter_bytes=max(sizes), calibration_o_s=auto.calibration.o_s,
+        calibration_w_bytes_per_s=auto.calibration.w_bytes_per_s, model_cap_bytes=auto.model_cap_bytes,
+        candidate_caps_bytes=list(tuned.caps), candidate_median_s=[None if math.isnan(m) else m for m in tuned.median_s],
+        chosen_cap_bytes=tuned.chosen_cap, tuning_steps=tuning_steps,
+    )
 
 
-def _family_rank(ctx: RankContext, setting: FamilySetting) -> dict:
+def _family_rank(ctx: RankContext, setting: FamilySetting) -> FamilyRun:
     threads = ctx.share_cpu_threads()
-    measured = {name: _time_member(ctx, FAMILY[name], setting) for name in setting.models}
-    return {"measured": measured, "world_size": ctx.world_size, "shared_gpu": ctx.shared_gpu, "threads": threads,
-            "rank": ctx.rank}
+    records = [_time_member(ctx, FAMILY[name], setting) for name in setting.models]
+    return FamilyRun(records=records, world_size=ctx.world_size, shared_gpu=ctx.shared_gpu, rank=ctx.rank,
+                     threads_per_rank=threads)
 
 
-def family_record(member: FamilyMember, m: dict) -> FamilyRecord:
-    """A model's record from what its ranks measured (the slowest rank's times)."""
-    records = summarize(m["raw"], member.global_batch * member.context_length)
-    by = {r.variant: r for r in records}
+def family_record(member: FamilyMember, steps: list[StepRecord], **measured: Any) -> FamilyRecord:
+    """A model's record: its variants' step records, auto − 25 MB paired round by round, and
+    ``measured``, the remaining fields as the ranks measured them (sizes, what auto chose)."""
+    by = {r.variant: r for r in steps}
     difference, interval = paired_median(by[AUTO_VARIANT].step_times_s, by[DEFAULT_VARIANT].step_times_s)
-    o, w = m["calibration"]
     return FamilyRecord(
-        model=member.name, shape=member.shape, n_parameters=m["n_parameters"], n_tensors=m["n_tensors"],
-        gradient_bytes=m["gradient_bytes"], largest_parameter_bytes=m["largest_parameter_bytes"],
-        context_length=member.context_length, global_batch=member.global_batch, steps=records,
-        calibration_o_s=o, calibration_w_bytes_per_s=w, model_cap_bytes=m["model_cap_bytes"],
-        candidate_caps_bytes=m["caps"], candidate_median_s=m["medians"], chosen_cap_bytes=m["chosen"],
-        tuning_steps=m["tuning_steps"], auto_minus_default_s=difference,
-        auto_minus_default_ci95_s=list(interval) if interval else None,
+        model=member.name, shape=member.shape, context_length=member.context_length, global_batch=member.global_batch,
+        steps=steps, auto_minus_default_s=difference, auto_minus_default_ci95_s=list(interval) if interval else None,
+        **measured,
     )
 
 
@@ -138,7 +136,4 @@ def run_family_benchmark(setting: FamilySetting) -> FamilyRun:
     setting.validate()
     results = run_ranks(_family_rank, setting.world_size, args=(setting,), backend=setting.backend,
                         device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S)
-    mine = results[0]
-    records = [family_record(FAMILY[name], m) for name, m in mine["measured"].items()]
-    return FamilyRun(records=records, world_size=mine["world_size"], shared_gpu=mine["shared_gpu"], rank=mine["rank"],
-                     threads_per_rank=mine["threads"])
+    return results[0]

@@ -86,7 +86,7 @@ def _largest_rank_values(values: list[float], device: torch.device) -> list[floa
     return max(gathered, key=lambda t: t[0].item()).tolist()
 
 
-def _benchmark_rank(ctx: RankContext, setting: FsdpSetting) -> dict:
+def _benchmark_rank(ctx: RankContext, setting: FsdpSetting) -> FsdpRun:
     work = build_workload(ctx, setting)
     free = available_memory_bytes(ctx.device.type, ctx.device.index or 0)
     gpus = torch.cuda.device_count() if ctx.device.type == "cuda" else 1
@@ -126,16 +126,12 @@ def _benchmark_rank(ctx: RankContext, setting: FsdpSetting) -> dict:
         sync_device(ctx.device)
         dist.barrier()  # every collective of the step completed on every rank, callbacks included
         timelines[name] = tracer.timeline(phases, statistics.median(measured[name].step_times_s))
-    return {
-        "measured": measured,
-        "timelines": timelines,
-        "n_parameters": sum(p.numel() for p in work.module.parameters()),
-        "parameter_bytes": sum(p.numel() * p.element_size() for p in work.module.parameters()),
-        "free_per_rank": free_per_rank,
-        "world_size": ctx.world_size,
-        "shared_gpu": ctx.shared_gpu,
-        "rank": ctx.rank,
-    }
+    n_parameters = sum(p.numel() for p in work.module.parameters())
+    records = summarize(measured, timelines, setting, n_parameters=n_parameters,
+                        parameter_bytes=sum(p.numel() * p.element_size() for p in work.module.parameters()),
+                        free_per_rank=free_per_rank, world_size=ctx.world_size)
+    return FsdpRun(records=records, world_size=ctx.world_size, shared_gpu=ctx.shared_gpu, rank=ctx.rank,
+                   n_parameters=n_parameters)
 
 
 def run_fsdp_benchmark(setting: FsdpSetting) -> FsdpRun:
@@ -149,7 +145,4 @@ def run_fsdp_benchmark(setting: FsdpSetting) -> FsdpRun:
         _benchmark_rank, setting.world_size, args=(setting,), backend=setting.backend,
         device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S,
     )
-    mine = results[0]
-    records = summarize(mine, setting)
-    return FsdpRun(records=records, world_size=mine["world_size"], shared_gpu=mine["shared_gpu"], rank=mine["rank"],
-                   n_parameters=mine["n_parameters"])
+    return results[0]

@@ -18,7 +18,7 @@ from cs336_systems.bench.fsdp.formulas import (
     largest_parameters,
     traffic_bytes,
 )
-from cs336_systems.bench.fsdp.record import MEMORY_PARTS, FsdpStepRecord
+from cs336_systems.bench.fsdp.record import MEMORY_PARTS, FsdpStepRecord, FsdpTimeline
 from cs336_systems.bench.fsdp.setting import FsdpSetting
 from cs336_systems.bench.stats import paired_median
 
@@ -35,10 +35,11 @@ class Measured:
     mode: str | None = None  # our FSDP's mode as built (FullyShardedDataParallel.mode); None: others
 
 
-def summarize(run: dict, setting: FsdpSetting) -> list[FsdpStepRecord]:
-    """One record per configuration, in ``CONFIGURATIONS`` order, from the rank function's result."""
-    measured: dict[str, Measured] = run["measured"]
-    n, world = run["n_parameters"], run["world_size"]
+def summarize(measured: dict[str, Measured], timelines: dict[str, FsdpTimeline], setting: FsdpSetting, *,
+              n_parameters: int, parameter_bytes: int, free_per_rank: float, world_size: int) -> list[FsdpStepRecord]:
+    """One record per configuration, in ``CONFIGURATIONS`` order, built on every rank from the same
+    figures (slowest rank's times, largest rank's memory)."""
+    n, world = n_parameters, world_size
     ours = measured[FSDP].step_times_s
     records = []
     for name in CONFIGURATIONS:
@@ -50,7 +51,7 @@ def summarize(run: dict, setting: FsdpSetting) -> list[FsdpStepRecord]:
         parts = dict(zip(MEMORY_PARTS, rest))
         resident, allocator = rest[len(MEMORY_PARTS)], rest[len(MEMORY_PARTS) + 1]
         per_parameter = (parts["parameters"] + parts["gradients"] + parts["optimizer_state"]) / n
-        largest = largest_parameters(per_parameter, parts["activations"], run["free_per_rank"])
+        largest = largest_parameters(per_parameter, parts["activations"], free_per_rank)
         records.append(FsdpStepRecord(
             configuration=name,
             description=DESCRIPTIONS[name],
@@ -74,11 +75,11 @@ def summarize(run: dict, setting: FsdpSetting) -> list[FsdpStepRecord]:
             payload_bytes=dict(sorted(m.payload_bytes.items())),
             calls=dict(sorted(m.calls.items())),
             traffic_bytes=traffic_bytes(m.payload_bytes, world),
-            formula_traffic_bytes=formula_traffic_bytes(name, run["parameter_bytes"], world),
+            formula_traffic_bytes=formula_traffic_bytes(name, parameter_bytes, world),
             bytes_per_parameter=per_parameter,
-            free_bytes_per_rank=run["free_per_rank"],
+            free_bytes_per_rank=free_per_rank,
             largest_parameters=largest,
             largest_model_size=largest_model_size(largest),
-            timeline=run["timelines"].get(name),
+            timeline=timelines.get(name),
         ))
     return records

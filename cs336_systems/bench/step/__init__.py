@@ -5,14 +5,13 @@ training step, timed side by side in interleaved rounds.
 * variants.py   the variant names (compute-only, ours from ``ddp.VARIANTS``, bucketed-<N>MB[-lever], torch-ddp)
 * run.py        the interleaved rounds on every rank, slowest rank per step
 * probes.py     beside the steps: flat's copies timed, a narrower comm dtype's error measured
-* summarize.py  medians, the exposed overhead paired round by round, tokens/s
-* record.py     StepRecord, one per variant in ``ddp_step.json``
+* record.py     StepRecord, one per variant in ``ddp_step.json``, built by the rank that measured it:
+                medians, the exposed overhead paired round by round, tokens/s
 """
 
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.run import StepRun, run_step_benchmark
 from cs336_systems.bench.step.setting import StepSetting
-from cs336_systems.bench.step.summarize import RawVariant, summarize
 from cs336_systems.bench.step.variants import (
     ABLATION_VARIANTS,
     COMPUTE_ONLY,

@@ -4,6 +4,9 @@ Every time is the slowest rank's (a data-parallel step ends when its slowest ran
 seconds, one entry per timed step in round order: entry ``i`` of every variant of a run was
 timed in the same round, which is what the paired figures rely on.
 
+The rank that measured a variant builds its record (:meth:`StepRecord.from_steps`), so the
+fields below are the only list of what a variant's run yields.
+
 Version 2 adds what the writeup needs to explain the numbers: each bucket's parameters and the
 first bucket's cap (why a cap above all gradients still gives two buckets), flat DDP's pack and
 unpack copies timed beside its steps (where its synchronisation time goes), and the error of a
@@ -14,8 +17,10 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from cs336_systems.bench.stats import paired_median
+from cs336_systems.bench.step.variants import bucket_size_of
 from cs336_systems.results.schema import Record
 
 
@@ -30,11 +35,7 @@ class StepRecord(Record):
     step_times_s: list[float]  # slowest rank's time per timed step, in round order
     sync_times_s: list[float] | None  # of each step, the time in gradient synchronisation after
     # backward (None where there is no such phase: compute-only, torch DDP)
-    allreduce_calls_per_step: float | None  # median over steps (torch DDP: its bucket count)
-    n_buckets: int | None  # buckets built (bucketed variants; torch DDP after its rebuild)
-    bucket_cap_bytes: float | None  # the cap a bucketed variant used ("auto": the one it chose)
     bucket_size_mb: float | None  # the cap the name asked for (None: not bucketed, or "auto")
-    bucket_bytes: list[int] | None  # payload of each bucket as built, in launch order (bucketed variants)
     median_step_s: float
     min_step_s: float
     max_step_s: float
@@ -44,6 +45,11 @@ class StepRecord(Record):
     exposed_share: float  # exposed overhead / median step
     tokens_per_s: float  # tokens of the global batch per median step
     steps_timed: int
+    # Measured beside the step times; None where the variant has no such thing.
+    allreduce_calls_per_step: float | None = None  # median over steps (torch DDP: its bucket count)
+    n_buckets: int | None = None  # buckets built (bucketed variants; torch DDP after its rebuild)
+    bucket_cap_bytes: float | None = None  # the cap a bucketed variant used ("auto": the one it chose)
+    bucket_bytes: list[int] | None = None  # payload of each bucket as built, in launch order (bucketed variants)
     first_bucket_cap_bytes: float | None = None  # the first bucket's cap (first_bucket_mb); None: lever
     # off or not bucketed
     bucket_params: list[list[str]] | None = None  # names of each bucket's parameters, buckets in launch order
@@ -52,6 +58,36 @@ class StepRecord(Record):
     unpack_times_s: list[float] | None = None  # flat: copying the buffer back into the gradients, likewise
     comm_error_rel: float | None = None  # a narrower comm dtype: ||average in it - float32 average|| /
     # ||float32 average|| (L2), both from one reduction of the same local gradients
+
+    @classmethod
+    def from_steps(cls, variant: str, step_times_s: list[float], compute_only_s: list[float], tokens_per_step: int,
+                   sync_times_s: list[float] | None = None, **measured: Any) -> StepRecord:
+        """The record of ``variant``'s timed steps, with the figures derived from them.
+
+        ``step_times_s`` and ``compute_only_s`` are the slowest rank's, step ``i`` of both timed in
+        the same round: the exposed overhead is their per-round difference, whose median comes
+        with a distribution-free 95% interval (bench/stats.py), pairing cancelling most of the
+        machine's drift. ``measured``: the remaining fields as measured (buckets, copies, errors).
+        """
+        steps = sorted(step_times_s)
+        median_step = statistics.median(steps)
+        exposed, interval = paired_median(step_times_s, compute_only_s)
+        return cls(
+            variant=variant,
+            step_times_s=list(step_times_s),
+            sync_times_s=sync_times_s,
+            bucket_size_mb=bucket_size_of(variant),
+            median_step_s=median_step,
+            min_step_s=steps[0],
+            max_step_s=steps[-1],
+            median_sync_s=statistics.median(sync_times_s) if sync_times_s else None,
+            exposed_overhead_s=exposed,
+            exposed_overhead_ci95_s=list(interval) if interval else None,
+            exposed_share=exposed / median_step,
+            tokens_per_s=tokens_per_step / median_step,
+            steps_timed=len(steps),
+            **measured,
+        )
 
     @property
     def sync_share(self) -> float | None:

@@ -24,6 +24,7 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,8 +33,8 @@ from torch import nn
 
 from cs336_systems.bench.script import BenchmarkRun
 from cs336_systems.bench.step.probes import comm_dtype_error
+from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.setting import StepSetting
-from cs336_systems.bench.step.summarize import RawVariant, summarize
 from cs336_systems.bench.step.variants import (
     COMPUTE_ONLY,
     TORCH_DDP,
@@ -51,19 +52,14 @@ RUN_TIMEOUT_S = 3600  # the whole run
 
 
 @dataclass
-class _Measurements:
-    """Everything one rank measured for one variant, over all rounds."""
+class _Steps:
+    """One variant's timed steps on this rank, before the slowest rank is taken per step."""
 
-    step_times: list[float] = field(default_factory=list)
-    sync_times: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    sync: list[float] = field(default_factory=list)
     calls: list[int] = field(default_factory=list)
-    n_buckets: int | None = None
-    bucket_cap_bytes: float | None = None  # what "auto" chose, for bucketed variants
-    bucket_bytes: list[int] | None = None  # each bucket's payload, in launch order
-    first_bucket_cap_bytes: float | None = None
-    bucket_params: list[list[str]] | None = None  # each bucket's parameter names, in launch order
-    pack_times: list[float] = field(default_factory=list)  # flat's copies, one per timed step
-    unpack_times: list[float] = field(default_factory=list)
+    pack: list[float] = field(default_factory=list)  # flat's copies, one per timed step
+    unpack: list[float] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -144,21 +140,26 @@ def _torch_ddp_bucket_count(model: nn.Module) -> int | None:
     return len(str(sizes).split(","))
 
 
-def _retire(variant: StepVariant, m: _Measurements, names: dict[int, str]) -> None:
-    """Record a variant's bucket layout (``names``: parameter id -> name), then detach it."""
-    if isinstance(variant.wrapper, BucketedDDP):
-        m.n_buckets = len(variant.wrapper.buckets)
-        m.bucket_bytes = [bucket.payload_bytes for bucket in variant.wrapper.buckets]
-        m.bucket_params = [[names[id(p)] for p in bucket.params] for bucket in variant.wrapper.buckets]
-        cap = variant.wrapper.bucket_cap_bytes
-        m.bucket_cap_bytes = cap if math.isfinite(cap) else None
-        m.first_bucket_cap_bytes = variant.wrapper.first_bucket_cap_bytes
+def _retire(variant: StepVariant, steps: _Steps, names: dict[int, str]) -> dict[str, Any]:
+    """Detach a variant; returns its bucket layout as :class:`StepRecord` fields (``names``:
+    parameter id -> name), none for a variant without buckets."""
+    layout: dict[str, Any] = {}
+    wrapper = variant.wrapper
+    if isinstance(wrapper, BucketedDDP):
+        layout = {
+            "n_buckets": len(wrapper.buckets),
+            "bucket_bytes": [bucket.payload_bytes for bucket in wrapper.buckets],
+            "bucket_params": [[names[id(p)] for p in bucket.params] for bucket in wrapper.buckets],
+            "bucket_cap_bytes": wrapper.bucket_cap_bytes if math.isfinite(wrapper.bucket_cap_bytes) else None,
+            "first_bucket_cap_bytes": wrapper.first_bucket_cap_bytes,
+        }
     if variant.name == TORCH_DDP:
-        m.n_buckets = _torch_ddp_bucket_count(variant.model)
-        if m.n_buckets is not None:
-            m.calls.append(m.n_buckets)
-    if variant.wrapper is not None:
-        variant.wrapper.detach()
+        layout = {"n_buckets": _torch_ddp_bucket_count(variant.model)}
+        if layout["n_buckets"] is not None:
+            steps.calls.append(layout["n_buckets"])
+    if wrapper is not None:
+        wrapper.detach()
+    return layout
 
 
 def _local_backward(work: Workload) -> None:
@@ -168,43 +169,38 @@ def _local_backward(work: Workload) -> None:
     F.cross_entropy(logits.flatten(0, 1), work.targets.flatten()).backward()
 
 
-def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> dict:
+def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> StepRun:
     work = build_workload(ctx, setting)
     threads = torch.get_num_threads()
     param_names = {id(p): n for n, p in work.module.named_parameters()}
     optimizer = torch.optim.AdamW(work.module.parameters(), lr=1e-4)
     variant_names = setting.variant_names()
-    measured = {name: _Measurements() for name in variant_names}
+    measured = {name: _Steps() for name in variant_names}
+    layouts: dict[str, dict[str, Any]] = {}
 
     # Wrappers stay attached to the shared module for the whole run: each one's hooks act only
     # on backward passes of its own forward (ddp/overlap.py), and torch's reducer ignores
     # backward passes it did not start, so the wrappers do not see each other's steps. Torch's
     # DDP is always built once: rebuilding it would re-register its hooks on the module.
-    def build(name: str) -> StepVariant:
-        variant = build_variant(name, work.module, ctx)
-        warm_up(variant, optimizer, work, ctx.device, setting.warmup_steps)
-        return variant
-
     rebuilt = {n for n in variant_names if setting.rebuild_each_round and n != TORCH_DDP}
-    kept = {name: build(name) for name in variant_names if name not in rebuilt}
+    kept = {}
+    for name in variant_names:
+        if name not in rebuilt:  # warmed up as soon as built, before the next one attaches its hooks
+            kept[name] = build_variant(name, work.module, ctx)
+            warm_up(kept[name], optimizer, work, ctx.device, setting.warmup_steps)
     for r in range(setting.rounds):
         shift = r % len(variant_names)
         for name in variant_names[shift:] + variant_names[:shift]:
-            variant, m = kept[name] if name in kept else build(name), measured[name]
-            for _ in range(setting.steps_per_round):
-                step_s, sync_s = timed_step(variant, optimizer, work, ctx.device)
-                m.step_times.append(step_s)
-                m.sync_times.append(sync_s)
-                if variant.wrapper is not None:
-                    m.calls.append(variant.wrapper.allreduce_calls_last_step)
-                if variant.copy_probe is not None:
-                    pack_s, unpack_s = variant.copy_probe.time_copies(ctx.device)
-                    m.pack_times.append(pack_s)
-                    m.unpack_times.append(unpack_s)
+            if name in kept:
+                variant = kept[name]
+            else:
+                variant = build_variant(name, work.module, ctx)
+                warm_up(variant, optimizer, work, ctx.device, setting.warmup_steps)
+            _time_round(variant, optimizer, work, ctx.device, setting.steps_per_round, measured[name])
             if name in rebuilt:
-                _retire(variant, m, param_names)
+                layouts[name] = _retire(variant, measured[name], param_names)
     for variant in kept.values():
-        _retire(variant, measured[variant.name], param_names)
+        layouts[variant.name] = _retire(variant, measured[variant.name], param_names)
     kept.clear()
 
     # Every wrapper is detached now: one bare backward gives the local gradients that each
@@ -218,27 +214,38 @@ def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> dict:
         work.module.zero_grad(set_to_none=True)
 
     small = small_tensor_device(ctx.device, ctx.backend)
-    raw = []
+    step_times = {name: slowest_rank(measured[name].times, small) for name in variant_names}
+    records = []
     for name in variant_names:
         m = measured[name]
         has_sync_phase = name not in (COMPUTE_ONLY, TORCH_DDP)  # the same on every rank
-        raw.append(RawVariant(
-            variant=name,
-            step_times_s=slowest_rank(m.step_times, small),
-            sync_times_s=slowest_rank(m.sync_times, small) if has_sync_phase else None,
+        records.append(StepRecord.from_steps(
+            name, step_times[name], step_times[COMPUTE_ONLY], setting.tokens_per_step,
+            sync_times_s=slowest_rank(m.sync, small) if has_sync_phase else None,
             allreduce_calls_per_step=statistics.median(m.calls) if m.calls else None,
-            n_buckets=m.n_buckets,
-            bucket_cap_bytes=m.bucket_cap_bytes,
-            bucket_bytes=m.bucket_bytes,
-            first_bucket_cap_bytes=m.first_bucket_cap_bytes,
-            bucket_params=m.bucket_params,
-            pack_times_s=slowest_rank(m.pack_times, small) if m.pack_times else None,
-            unpack_times_s=slowest_rank(m.unpack_times, small) if m.unpack_times else None,
+            pack_times_s=slowest_rank(m.pack, small) if m.pack else None,
+            unpack_times_s=slowest_rank(m.unpack, small) if m.unpack else None,
             comm_error_rel=comm_errors.get(name),
+            **layouts[name],
         ))
-    return {"raw": raw, "n_parameters": sum(p.numel() for p in work.module.parameters()),
-            "world_size": ctx.world_size, "shared_gpu": ctx.shared_gpu, "rank": ctx.rank,
-            "threads_per_rank": threads, "ranks_on_node": ctx.local_world_size}
+    return StepRun(records=records, world_size=ctx.world_size, shared_gpu=ctx.shared_gpu, rank=ctx.rank,
+                   n_parameters=sum(p.numel() for p in work.module.parameters()), threads_per_rank=threads,
+                   ranks_on_node=ctx.local_world_size, host_memory_bytes=host_memory_bytes())
+
+
+def _time_round(variant: StepVariant, optimizer: torch.optim.Optimizer, work: Workload, device: torch.device,
+                steps: int, measured: _Steps) -> None:
+    """One round's timed steps of ``variant``, each followed by what is probed beside it."""
+    for _ in range(steps):
+        step_s, sync_s = timed_step(variant, optimizer, work, device)
+        measured.times.append(step_s)
+        measured.sync.append(sync_s)
+        if variant.wrapper is not None:
+            measured.calls.append(variant.wrapper.allreduce_calls_last_step)
+        if variant.copy_probe is not None:
+            pack_s, unpack_s = variant.copy_probe.time_copies(device)
+            measured.pack.append(pack_s)
+            measured.unpack.append(unpack_s)
 
 
 def run_step_benchmark(setting: StepSetting) -> StepRun:
@@ -252,8 +259,4 @@ def run_step_benchmark(setting: StepSetting) -> StepRun:
         _benchmark_rank, setting.world_size, args=(setting,), backend=setting.backend,
         device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S,
     )
-    mine = results[0]
-    return StepRun(records=summarize(mine["raw"], setting.tokens_per_step), world_size=mine["world_size"],
-                   shared_gpu=mine["shared_gpu"], rank=mine["rank"], n_parameters=mine["n_parameters"],
-                   threads_per_rank=mine["threads_per_rank"], ranks_on_node=mine["ranks_on_node"],
-                   host_memory_bytes=host_memory_bytes())
+    return results[0]

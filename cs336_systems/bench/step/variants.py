@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from cs336_systems import cli
 from cs336_systems.bench.step.probes import CopyProbe
-from cs336_systems.ddp import DataParallel
+from cs336_systems.ddp import AutoBucketedDDP, BucketedDDP, DataParallel
 from cs336_systems.ddp.variants import BUCKETED, FLAT as FLAT_VARIANT, VARIANTS
 from cs336_systems.launch import RankContext
 
@@ -151,5 +151,6 @@ def build_variant(name: str, module: nn.Module, ctx: RankContext) -> StepVariant
             return StepVariant(name, wrapper, wrapper, CopyProbe(wrapper.synced_params, ctx.world_size))
     else:
         size, options = parse_bucketed(name)
-        wrapper = BUCKETED.wrap(module, bucket_size_mb=size, **options)
+        wrapper = (AutoBucketedDDP(module, **options) if size == AUTO
+                   else BucketedDDP(module, bucket_size_mb=size, **options))
     return StepVariant(name, wrapper, wrapper)
