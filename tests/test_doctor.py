@@ -115,8 +115,11 @@ def test_straggler_is_named(reports):
 def test_missing_rank_is_named(reports):
     report = reports[MISSING_RANK]
     assert exit_status(report) == 1
-    [finding] = report.findings
-    assert finding.startswith("rank 1 did not check in within 2 s of rank 0")
+    # A rank that checks in late may also start its steps late, so on some machines (a 16-core
+    # GPU node, once) a second finding follows about the same rank; none may accuse rank 0.
+    named = [f for f in report.findings if f.startswith("rank 1 did not check in within 2 s of rank 0")]
+    assert len(named) == 1, report.findings
+    assert not any(f.startswith("rank 0") for f in report.findings), report.findings
     assert report.ranks[1].checkin_s > E2E_SETTING.checkin_timeout_s
 
 

@@ -212,6 +212,26 @@ def test_recorded_gloo_cpu_traces(variant):
         extract_step_timelines(trace, "mpi")
 
 
+@pytest.mark.parametrize("variant", ["naive", "per-parameter"])
+def test_recorded_gloo_cuda_traces(variant):
+    """Excerpts of real traces from one H100 (2 gloo ranks sharing it, small model, the one-GPU
+    step of make bench-gpu, cut down by trim_trace.py and gzipped): the lane holds gloo's
+    worker events, one per all-reduce, and the host-device copies gloo stages them with; naive
+    communicates after backward only, per-parameter partly inside it."""
+    trace = load_trace(TRACES / f"gloo_cuda_{variant}.json.gz")
+    (t,) = extract_step_timelines(trace, "gloo")
+    parameters = len(list(TransformerLM(model_config("small")).parameters()))
+    # On the host's worker threads (the same name also marks their spans on the GPU's streams).
+    workers = [e for e in trace["traceEvents"] if e.get("name") == "gloo:all_reduce" and e.get("cat") == "user_annotation"]
+    assert len(workers) == parameters + 1  # + the usage count
+    assert t.device_clock and t.n_comm_events >= len(workers)
+    if variant == "naive":
+        assert t.overlap_fraction == 0.0
+        assert min(a for a, _ in t.communication) >= t.phases["backward"][1]
+    else:
+        assert 0.0 < t.overlap_fraction < 1.0
+
+
 def test_extraction_names_a_trace_without_steps():
     with pytest.raises(ValueError, match="trace has no 'train_step' ranges"):
         extract_step_timelines({"traceEvents": [_annotation("backward", 0, 1)]}, "gloo")
