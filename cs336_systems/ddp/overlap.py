@@ -29,6 +29,7 @@ next step starts clean.
 
 from __future__ import annotations
 
+import weakref
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -81,9 +82,17 @@ class OverlappedDataParallel(DataParallel):
         self._expect_hooks = False  # set by our forward, cleared when the step finishes
         self.launch_order: list[nn.Parameter] = list(reversed(self.synced_params))
         self.rebuild_units(build_units)
-        self._hook_handles = [
-            p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self.synced_params
-        ]
+        # The hooks reach the wrapper through a weak reference: a parameter holds its hooks where
+        # the garbage collector cannot follow, so a hook holding the wrapper would keep the
+        # wrapper, the module and every gradient buffer alive after the last user reference.
+        wrapper = weakref.ref(self)
+
+        def on_grad_ready(param: torch.Tensor) -> None:
+            alive = wrapper()
+            if alive is not None:
+                alive._on_grad_ready(param)
+
+        self._hook_handles = [p.register_post_accumulate_grad_hook(on_grad_ready) for p in self.synced_params]
 
     def rebuild_units(self, build_units: UnitFactory) -> None:
         """Use ``build_units`` from now on, on the current launch order (between steps only)."""
