@@ -21,12 +21,17 @@ from cs336_systems.launch import Interrupted, RankContext, run_ranks
 
 
 def _loop(ctx: RankContext, ready: str, seconds: float) -> int:
+    # The last element carries "my time is not up yet"; MIN-reducing it makes every rank leave
+    # the loop after the same round. (Each rank stopping on its own clock left one rank in an
+    # extra all-reduce that its peer answered with the teardown barrier: a hang.)
     tensor = torch.ones(1024)
     deadline = time.monotonic() + seconds
     rounds = 0
-    while time.monotonic() < deadline:
-        dist.all_reduce(tensor)
-        tensor.fill_(1.0)
+    while True:
+        tensor[-1] = float(time.monotonic() < deadline)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+        if tensor[-1].item() == 0.0:
+            break
         rounds += 1
         if rounds == 2 and ctx.is_main:
             Path(ready).touch()

@@ -145,7 +145,11 @@ def test_an_interrupted_suite_keeps_finished_parts_and_names_the_missing(tmp_pat
     files = {name: str(tmp_path / name) for name in ("ready1", "ready2", "out1", "out2")}
     token = uuid.uuid4().hex
     runner = _start([sys.executable, "-c", RUN_A_SUITE.format(probe=str(PROBE), **files)], tmp_path, token)
-    assert _wait_for(Path(files["ready2"]).exists, 120), "the second step never started"
+    _wait_for(lambda: Path(files["ready2"]).exists() or runner.poll() is not None, 120)
+    if not Path(files["ready2"]).exists():
+        runner.kill()
+        stdout, stderr = runner.communicate(timeout=30)
+        pytest.fail(f"the second step never started; the runner printed:\n{stdout}\n{stderr}")
     runner.send_signal(signal.SIGTERM)
     stderr = _check_stopped(runner, token, Path(files["out2"]), 128 + signal.SIGTERM)
     assert Path(files["out1"]).is_file()  # the finished step's results stay
