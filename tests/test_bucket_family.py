@@ -72,8 +72,8 @@ def render(tmp_path: Path, models: dict[str, tuple[float, bool]]) -> str:
     setting = FamilySetting(models=tuple(models), rounds=ROUNDS)
     write_results(results_path("bucket_family", TAG, root=root),
                   ResultsFile("bucket_family", environment(), to_json(setting), records, {"threads_per_rank": 1}))
-    first = render_writeup(root, tmp_path / "a", sections=[family_section]).readme.read_text()
-    second = render_writeup(root, tmp_path / "b", sections=[family_section]).readme.read_text()
+    first = render_writeup(root, tmp_path / "a", sections=[family_section]).text()
+    second = render_writeup(root, tmp_path / "b", sections=[family_section]).text()
     assert first == second
     return first
 
@@ -103,7 +103,7 @@ def test_the_setting_and_the_shapes_are_stated(tmp_path):
 
 
 def test_no_results_say_not_measured_with_the_command(tmp_path):
-    text = render_writeup(tmp_path / "none", tmp_path / "out", sections=[family_section]).readme.read_text()
+    text = render_writeup(tmp_path / "none", tmp_path / "out", sections=[family_section]).text()
     assert "**not measured here**; `make bench`" in text
 
 

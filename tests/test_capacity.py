@@ -230,8 +230,8 @@ def section_text(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("communication_accounting")
     first = render_writeup(root / "no-results", root / "a", sections=[communication_accounting_section])
     second = render_writeup(root / "no-results", root / "b", sections=[communication_accounting_section])
-    text = first.readme.read_text()
-    assert text == second.readme.read_text()
+    text = first.text()
+    assert text == second.text()
     return text
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from cs336_systems.problems import MEASURED, PROBLEMS, WRITTEN, GradeRecord
+from cs336_systems.problems import PROBLEMS, GradeRecord
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.paths import results_path
 from cs336_systems.writeup import render_writeup
-from cs336_systems.writeup.sections import SECTIONS, intro_section
+from cs336_systems.writeup.pages import machines_page
 
 from .test_writeup_allreduce import PAYLOADS, environment, record
 from .test_writeup_ddp import TAG, build_results_tree, output_files
@@ -48,6 +48,17 @@ def plant_extras(results: Path) -> None:
                   ResultsFile(GradeRecord.KIND, env, {"pytest_args": ["-n", "auto"]}, GRADES))
 
 
+ANSWER_WORDS, ANSWER_WORDS_LONG, ANSWERS_WORDS, HEADER_WORDS = 400, 700, 4000, 150
+LONG_ANSWERS = {"communication_accounting"}
+
+
+def answers(readme: str) -> dict[str, str]:
+    """The README's answers by problem, in the order they appear."""
+    body = readme.split("\n## Answers\n", 1)[1].split("\n## Details\n", 1)[0]
+    parts = re.split(r"^### (\S+)\n", body, flags=re.M)[1:]
+    return dict(zip(parts[::2], parts[1::2]))
+
+
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("writeup")
@@ -55,83 +66,107 @@ def rendered(tmp_path_factory) -> dict:
     plant_extras(results)
     first = render_writeup(results, root / "a")
     render_writeup(results, root / "b")
-    return {"root": root, "results": results, "first": first, "readme": first.readme.read_text()}
+    return {"root": root, "results": results, "first": first, "text": first.text(),
+            "readme": first.readme.read_text(), "page": {p.stem: p.read_text() for p in first.details}}
 
 
 def test_rendering_twice_gives_byte_identical_files(rendered):
     a, b = output_files(rendered["root"] / "a"), output_files(rendered["root"] / "b")
     assert sorted(a) == sorted(b)
-    assert {"README.md", "writeup.ipynb"} <= set(a)
+    assert {"README.md", "writeup.ipynb", "details/machines.md"} <= set(a)
     assert sum(name.startswith("figures/") for name in a) >= 5
     for name in a:
         assert a[name] == b[name], f"{name} differs between two renders of the same results"
 
 
-def test_stale_figures_are_removed(rendered, tmp_path):
-    stale = tmp_path / "figures" / "from-a-machine-that-is-gone.png"
-    stale.parent.mkdir()
-    stale.write_bytes(b"old")
-    render_writeup(rendered["results"], tmp_path, sections=[intro_section])
-    assert not stale.exists()
+def test_stale_figures_and_pages_are_removed(rendered, tmp_path):
+    stale = [tmp_path / "figures" / "from-a-machine-that-is-gone.png", tmp_path / "details" / "gone.md"]
+    for path in stale:
+        path.parent.mkdir()
+        path.write_bytes(b"old")
+    render_writeup(rendered["results"], tmp_path, pages=[machines_page])
+    assert not any(path.exists() for path in stale)
 
 
-def test_every_problem_that_asks_for_prose_has_a_section(rendered):
-    headings = [line for line in rendered["readme"].splitlines() if line.startswith("## ")]
-    for problem in PROBLEMS:
-        if problem.deliverable in (MEASURED, WRITTEN):
-            assert any(re.match(rf"## {problem.name}\b", h) for h in headings), f"no section for {problem.name}"
+def test_the_readme_opens_with_a_short_header_then_answers_every_problem_in_order(rendered):
+    readme = rendered["readme"]
+    header = readme.split("\n## Answers\n")[0]
+    assert len(header.split()) <= HEADER_WORDS
+    assert [line for line in readme.splitlines() if line.startswith("## ")] == ["## Answers", "## Details"]
+    assert list(answers(readme)) == [p.name for p in PROBLEMS]
+
+
+def test_answers_keep_to_the_handouts_length(rendered):
+    found = answers(rendered["readme"])
+    for problem, text in found.items():
+        limit = ANSWER_WORDS_LONG if problem in LONG_ANSWERS else ANSWER_WORDS
+        assert len(text.split()) <= limit, f"{problem}: {len(text.split())} words"
+    assert sum(len(t.split()) for t in found.values()) <= ANSWERS_WORDS
+
+
+def test_every_details_page_is_linked_from_the_readme(rendered):
+    for page in rendered["page"]:
+        assert f"(details/{page}.md)" in rendered["readme"]
 
 
 def test_the_problem_map_reads_the_grade_table(rendered):
-    readme = rendered["readme"]
-    table = readme.split("## The handout's problems")[1].split("\n## ")[0]
-    assert "| `naive_ddp` | 5 |" in table and "23/23 passed" in table and "7/8 passed" in table
+    table = rendered["page"]["grading"]
+    assert "| [`naive_ddp`](../README.md#naive_ddp) | 5 |" in table and "23/23 passed" in table and "7/8 passed" in table
     assert "`tests/test_fsdp.py::test_x[fp32]`" in table  # a failing test is named
     assert "`tests/test_bad_inputs.py`: 250 bad values" in table and "250 of 250 passed" in table
+    assert "23/23 passed" in answers(rendered["readme"])["naive_ddp"]
 
 
 def test_settings_are_named_and_no_time_of_rendering_leaks(rendered):
-    readme = rendered["readme"]
-    assert "logical cores" in readme and "torch " in readme and "commit " in readme
-    assert TIMESTAMP not in readme and "2031" not in readme
+    text = rendered["text"]
+    assert "logical cores" in text and "torch " in text and "commit " in text
+    assert TIMESTAMP not in text and "2031" not in text
 
 
-def test_unmeasured_gpu_settings_say_so_with_the_command(rendered):
-    readme = rendered["readme"]
-    assert "not measured here" in readme and "`make bench-gpu`" in readme
+def test_what_was_not_measured_is_listed_once_with_its_command(rendered):
+    machines = rendered["page"]["machines"]
+    assert "## Not measured here" in machines and "`make bench-gpu`" in machines
+    assert rendered["text"].count("## Not measured here") == 1
 
 
 def test_smoke_folders_are_left_out_unless_asked_for(rendered, tmp_path):
     smoke_ms = f"{SMOKE_MEDIAN_S * 1e3:.1f}"
-    assert SMOKE_TAG not in rendered["readme"] and smoke_ms not in rendered["readme"]
+    assert SMOKE_TAG not in rendered["text"] and smoke_ms not in rendered["text"]
     included = render_writeup(rendered["results"], tmp_path / "out", include_tags=[SMOKE_TAG],
-                              sections=[intro_section]).readme.read_text()
+                              pages=[machines_page]).text()
     assert f"`{SMOKE_TAG}`" in included
 
 
-def test_notebook_validates_and_carries_the_readme(rendered):
+def test_notebook_validates_and_carries_the_answers_first(rendered):
     nb = nbformat.read(rendered["first"].notebook, as_version=4)
     nbformat.validate(nb)
-    assert [c.id for c in nb.cells] == [f"cell-{i:04d}" for i in range(1, len(SECTIONS) + 1)]
+    assert [c.id for c in nb.cells] == [f"cell-{i:04d}" for i in range(1, len(nb.cells) + 1)]
     assert all(c.cell_type == "markdown" for c in nb.cells)
-    assert "\n\n".join(c.source for c in nb.cells) + "\n" == rendered["readme"]
+    found = answers(rendered["readme"])
+    assert len(nb.cells) == 1 + len(found) + len(rendered["page"])
+    assert [c.source.splitlines()[0] for c in nb.cells[1:len(found) + 1]] == [f"### {p}" for p in found]
+    assert nb.cells[1].source.strip() == f"### {PROBLEMS[0].name}\n\n{found[PROBLEMS[0].name].strip()}"
     assert rendered["first"].notebook.read_bytes().endswith(b"\n")
 
 
-def test_figures_are_linked_relative_to_the_writeup(rendered):
-    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", rendered["readme"])
-    assert links and all(link.startswith("figures/") for link in links)
-    for link in links:
-        assert (rendered["root"] / "a" / link).is_file()
+def test_figures_and_pages_are_linked_relative_to_where_they_are_read(rendered):
+    out = rendered["root"] / "a"
+    documents = [(out, rendered["readme"])] + [(out / "details", text) for text in rendered["page"].values()]
+    images = 0
+    for folder, text in documents:
+        for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if not re.match(r"[a-z]+:", link):
+                assert (folder / link).is_file(), link
+                images += link.endswith(".png")
+    assert images >= 5
 
 
 def test_no_results_at_all_renders_every_gap_with_its_command(tmp_path):
-    readme = render_writeup(tmp_path / "no-results", tmp_path / "out").readme.read_text()
-    for problem in PROBLEMS:
-        if problem.deliverable == MEASURED:
-            assert f"## {problem.name}" in readme
-    assert "make bench-gpu" in readme and "`make bench`" in readme and "`make test`" in readme
-    assert not re.search(r"\d+\.\d+ ms", readme)  # not a single measured time
+    rendered = render_writeup(tmp_path / "no-results", tmp_path / "out")
+    assert list(answers(rendered.readme.read_text())) == [p.name for p in PROBLEMS]
+    text = rendered.text()
+    assert "make bench-gpu" in text and "`make bench`" in text and "`make test`" in text
+    assert not re.search(r"\d+\.\d+ ms", text)  # not a single measured time
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not-results", "other-version"])
@@ -146,7 +181,8 @@ def test_an_unreadable_results_file_is_named_and_the_rest_renders(rendered, tmp_
         document = json.loads(path.read_text())
         document["version"] = 99
         path.write_text(json.dumps(document))
-    readme = render_writeup(results, tmp_path / "out").readme.read_text()
-    assert f"Unreadable: `{TAG}/allreduce.json`, set aside" in readme
-    assert str(tmp_path) not in readme  # no path of the machine that rendered it
-    assert "## naive_ddp_benchmarking" in readme and re.search(r"\d+\.\d+", readme.split("## naive_ddp_benchmarking")[1])
+    out = render_writeup(results, tmp_path / "out")
+    text = out.text()
+    assert f"Unreadable: `{TAG}/allreduce.json`, set aside" in text
+    assert str(tmp_path) not in text  # no path of the machine that rendered it
+    assert re.search(r"\d+\.\d+ ms", (tmp_path / "out" / "details" / "ddp_step.md").read_text())

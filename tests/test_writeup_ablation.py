@@ -104,7 +104,7 @@ def write_ablation(root: Path) -> Path:
 def render(tmp_path: Path, out: str = "out") -> str:
     root = tmp_path / "results"
     write_ablation(root)
-    return render_writeup(root, tmp_path / out, sections=SECTIONS).readme.read_text()
+    return render_writeup(root, tmp_path / out, sections=SECTIONS).text()
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_ablation_table_is_computed_from_the_records(readme):
     assert "### Machine `cpu2-test-xeon` · `ddp_step-ablation.json`" in readme
     assert "8 timed steps per variant in 8 interleaved rounds" in readme
     assert "Each of the 2 ranks on this machine computed with 1 thread" in readme
-    assert re.search(r"!\[[^\]]*\]\(figures/[^)]*ablation_exposed_overhead\.png\)", readme)
+    assert re.search(r"!\[[^\]]*\]\(\.\./figures/[^)]*ablation_exposed_overhead\.png\)", readme)
 
 
 def test_every_comparison_is_a_paired_difference_with_its_interval(readme):
@@ -176,12 +176,12 @@ def test_the_main_ddp_step_run_is_not_read_as_an_ablation(tmp_path):
     records = [r for r in ablation_records() if r.variant in (COMPUTE_ONLY, "per-parameter")]
     write_results(results_path(StepRecord.KIND, TAG, root=root),
                   ResultsFile(StepRecord.KIND, environment(), to_json(StepSetting()), records))
-    readme = render_writeup(root, tmp_path / "out", sections=SECTIONS).readme.read_text()
+    readme = render_writeup(root, tmp_path / "out", sections=SECTIONS).text()
     assert "### Machine" not in readme  # no ablation run, so nothing measured
     assert "Lever ablation (`scripts/bench_ddp.py --ablation`), gloo on CPU (`gloo`): **not measured here**" in readme
 
 
 def test_missing_results_say_not_measured_with_the_command(tmp_path):
-    readme = render_writeup(tmp_path / "none", tmp_path / "out", sections=SECTIONS).readme.read_text()
+    readme = render_writeup(tmp_path / "none", tmp_path / "out", sections=SECTIONS).text()
     assert "**not measured here**" in readme and "`make bench`" in readme and "`make bench-gpu`" in readme
     assert not re.search(r"\d+\.\d+ ms", readme)

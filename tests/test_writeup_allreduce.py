@@ -97,7 +97,7 @@ def test_table_rows_are_the_records_numbers(tmp_path):
     assert "world sizes 2, 4" in md and "5 timed iterations asked per payload after 5 warm-up" in md
     assert "1 torch thread per rank" in md and "All 6 measured settings reduced to the exact expected sums" in md
     assert len(section.figures) == 1 and section.figures[0].is_file()
-    assert re.search(rf"!\[[^\]]*\]\(figures/{TAG}_allreduce_allreduce\.png\)", md)
+    assert re.search(rf"!\[[^\]]*\]\(\.\./figures/{TAG}_allreduce_allreduce\.png\)", md)
     assert "NCCL on GPUs" in md and "`make bench-gpu`" in md  # no GPU file: the gap is named
 
 

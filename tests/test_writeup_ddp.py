@@ -185,7 +185,7 @@ def rendered(tmp_path_factory) -> dict:
     results = build_results_tree(root)
     first = render_writeup(results, root / "a", sections=SECTIONS)
     render_writeup(results, root / "b", sections=SECTIONS)
-    return {"root": root, "first": first, "readme": first.readme.read_text()}
+    return {"root": root, "first": first, "readme": first.text()}
 
 
 def section(readme: str, heading_start: str) -> str:
@@ -294,7 +294,7 @@ def test_a_sweep_inside_the_noise_does_not_match_and_says_what_would(tmp_path):
     base = {**BASE_S, **{f"bucketed-{mb:g}MB": BASE_S["flat"] for mb in SWEEP_MB}}
     wobbled = tuple(f"bucketed-{mb:g}MB" for mb in SWEEP_MB) + ("per-parameter",)
     results = build_results_tree(tmp_path, rehearsal=False, base=base, wobbled=wobbled)
-    readme = render_writeup(results, tmp_path / "out", sections=[bucketed_benchmarking_section]).readme.read_text()
+    readme = render_writeup(results, tmp_path / "out", sections=[bucketed_benchmarking_section]).text()
     assert "**Does the sweep match that?** No:" in readme and "**Why not?**" in readme
     assert ("**What change would make it match?**\n\n- Give communication cores of its own: the same 2 ranks × 1 "
             "compute thread plus one gloo thread each need 4 cores, this machine has 2.") in readme
@@ -349,7 +349,7 @@ def test_a_world_size_1_run_is_labelled_as_each_wrappers_own_cost(rendered):
 
 def test_without_the_rehearsal_the_sections_name_the_command(tmp_path):
     results = build_results_tree(tmp_path, rehearsal=False)
-    readme = render_writeup(results, tmp_path / "out", sections=[naive_benchmarking_section]).readme.read_text()
+    readme = render_writeup(results, tmp_path / "out", sections=[naive_benchmarking_section]).text()
     assert ("NCCL at world size 1 on one GPU (`ddp_step-nccl1.json`: each wrapper's own cost, no communication): "
             "**not measured here**; `make bench-gpu` on a machine with one GPU fills it.") in readme
 
@@ -362,17 +362,17 @@ def test_gpu_runs_say_how_gloo_and_a_shared_gpu_bend_the_numbers():
 
 def test_timelines_are_drawn_from_the_stored_intervals(rendered, tmp_path):
     overlap = section(rendered["readme"], "ddp_overlap_individual_parameters_benchmarking")
-    figure = f"figures/{TAG}_profile_timeline_overlap.png"
+    figure = f"../figures/{TAG}_profile_timeline_overlap.png"
     assert f"]({figure})" in overlap
     expected = render_timelines([(r.variant, r.timeline) for r in profile_records()], tmp_path / "expected.png")
-    assert (rendered["root"] / "a" / figure).read_bytes() == expected.read_bytes()
-    assert f"[timeline_naive](figures/{TAG}_profile_timeline_naive.png)" in overlap
+    assert (rendered["root"] / "a" / "details" / figure).read_bytes() == expected.read_bytes()
+    assert f"[timeline_naive](../figures/{TAG}_profile_timeline_naive.png)" in overlap
     # A machine with a profile but no step run still shows it, under its own heading.
     assert f"### Machine `{PROFILE_ONLY_TAG}`\n\n#### Profile of one step on `{PROFILE_ONLY_TAG}`" in overlap
 
 
 def test_no_results_at_all_renders_every_gap_with_its_command(tmp_path):
-    readme = render_writeup(tmp_path / "no-results", tmp_path / "out", sections=SECTIONS).readme.read_text()
+    readme = render_writeup(tmp_path / "no-results", tmp_path / "out", sections=SECTIONS).text()
     for problem in PROBLEMS:
         assert f"## {problem}" in readme
     assert "make bench-gpu" in readme and "`make bench`" in readme

@@ -8,7 +8,7 @@ Modules, from input to output:
 * :mod:`~cs336_systems.writeup.figures`: the plots;
 * :mod:`~cs336_systems.writeup.coverage`: what was not measured, and the command that measures it;
 * ``*_section`` modules: one function per handout problem, listed in
-  :data:`~cs336_systems.writeup.sections.SECTIONS` (the extension point);
+  :data:`~cs336_systems.writeup.pages.PAGES` (the extension point);
 * :mod:`~cs336_systems.writeup.render`: the markdown file and the notebook.
 """
 

@@ -1,7 +1,8 @@
-"""What a section gets (the loaded results and where to put figures) and what it gives back.
+"""What a page function gets (the loaded results and where to put figures) and what it gives back.
 
-The extension point of the writeup: a section is any function ``(RenderContext) -> Section``;
-``cs336_systems.writeup.sections.SECTIONS`` lists them in reading order.
+The extension point of the writeup: a page is any function ``(RenderContext) -> Page``;
+``cs336_systems.writeup.pages.PAGES`` lists them in reading order. A page is one details file
+(``writeup/details/<name>.md``) plus the answers, one per handout problem, that it measures.
 """
 
 from __future__ import annotations
@@ -15,6 +16,26 @@ from typing import Callable
 from cs336_systems.writeup.load import WriteupInputs
 
 FIGURES_DIR = "figures"
+DETAILS_DIR = "details"
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A setting a page would report on but no results file measured."""
+
+    setting: str  # coverage.Setting.name, e.g. "NCCL on GPUs"
+    what: str  # what is missing, e.g. "the all-reduce benchmark"
+    command: str  # the Make target that measures it
+
+
+@dataclass
+class Page:
+    """A details page (``markdown`` starts with its ``#`` title), the answers it gives and its figures."""
+
+    name: str  # the file stem under writeup/details/
+    markdown: str
+    answers: dict[str, str] = field(default_factory=dict)  # problem name -> its answer, without heading
+    figures: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -31,6 +52,13 @@ class RenderContext:
 
     inputs: WriteupInputs
     out_dir: Path
+    gaps: list[Gap] = field(default_factory=list)  # filled by the pages, listed once per setting
+
+    def not_measured(self, setting: str, what: str, command: str) -> None:
+        """Record a gap; the machines page lists every gap once, grouped by setting."""
+        gap = Gap(setting, what, command)
+        if gap not in self.gaps:
+            self.gaps.append(gap)
 
     @property
     def figures_dir(self) -> Path:
@@ -43,11 +71,16 @@ class RenderContext:
         return self.figures_dir / name
 
     def link(self, path: Path) -> str:
-        """``path`` relative to the writeup, as markdown wants it (forward slashes)."""
-        return Path(os.path.relpath(path, self.out_dir)).as_posix()
+        """``path`` as a details page links to it (relative to ``details/``, forward slashes)."""
+        return Path(os.path.relpath(path, self.out_dir / DETAILS_DIR)).as_posix()
 
     def image(self, path: Path, alt: str) -> str:
+        """An image on a details page."""
         return f"![{alt}]({self.link(path)})"
+
+    def answer_image(self, path: Path, alt: str) -> str:
+        """An image in the README's answers (relative to the writeup folder)."""
+        return f"![{alt}]({Path(os.path.relpath(path, self.out_dir)).as_posix()})"
 
     def copy_figure(self, source: Path, name: str) -> Path:
         """Copy an image made elsewhere (the profiler's) next to ours, so links stay inside the writeup."""
@@ -68,3 +101,9 @@ class RenderContext:
 
 
 SectionFn = Callable[[RenderContext], Section]
+PageFn = Callable[[RenderContext], Page]
+
+
+def details_link(page: str, anchor: str = "") -> str:
+    """A link target from the README to a details page (details pages link to each other by file name)."""
+    return f"{DETAILS_DIR}/{page}.md" + (f"#{anchor}" if anchor else "")

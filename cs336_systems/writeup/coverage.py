@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from cs336_systems.writeup.context import RenderContext
 from cs336_systems.writeup.load import ResultsFile, WriteupInputs
 
 
@@ -62,3 +63,17 @@ def not_measured_notes(inputs: WriteupInputs, benchmark: str, what: str,
     ]
     return "\n".join(lines)
 
+
+
+def note_gaps(ctx: RenderContext, benchmark: str, what: str, runs: Iterable[ResultsFile] | None = None) -> list[Setting]:
+    """Record, for the machines page's one list, each standard setting with no results of ``benchmark``.
+
+    Returns the missing settings, so a page can say in a clause that something was not measured
+    and link to the list (``details/machines.md#not-measured-here``) instead of repeating it.
+    """
+    found = measured_settings(ctx.inputs, benchmark, runs)
+    commands = PROFILE_COMMANDS if benchmark == "profile" else {s: s.command for s in SETTINGS}
+    missing = [s for s in SETTINGS if (s.backend, s.device_type) not in found]
+    for s in missing:
+        ctx.not_measured(f"{s.name} (`{s.backend}`, {s.where})", what, commands[s])
+    return missing

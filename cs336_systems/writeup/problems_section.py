@@ -1,4 +1,4 @@
-"""The map of the handout's problems: where each is answered in code, in this writeup and by tests.
+"""The map of the handout's problems (where each is answered in code and by tests), and the code answers.
 
 Problems come from :mod:`cs336_systems.problems`; test status from the grade table ``make test``
 writes (results kind "grades"), the newest such file when several machines ran the tests.
@@ -7,14 +7,14 @@ writes (results kind "grades"), the newest such file when several machines ran t
 from __future__ import annotations
 
 from cs336_systems.problems import CODE, MEASURED, PROBLEMS, WRITTEN, GradeRecord
-from cs336_systems.writeup import fmt
-from cs336_systems.writeup.context import RenderContext, Section
+from cs336_systems.writeup import fmt, templating
+from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.load import ResultsFile
 
 ANSWERED_BY = {
     CODE: "code, graded by tests",
-    MEASURED: "code, a benchmark and its section below",
-    WRITTEN: "analysis, in its section below",
+    MEASURED: "code, a benchmark and its answer",
+    WRITTEN: "analysis, in its answer",
 }
 
 
@@ -53,36 +53,32 @@ def _reliability(beyond: GradeRecord) -> list[str]:
     return lines
 
 
-def problems_section(ctx: RenderContext) -> Section:
+def grading_page(ctx: RenderContext) -> Page:
+    """The problem map and the grade table; the answer to each problem whose deliverable is code."""
     grades_file = _latest_grades(ctx)
     grades = {g.problem: g for g in grades_file.records} if grades_file else {}
     rows = []
     for p in PROBLEMS:
         grade = grades.get(p.name)
-        section = f"`{p.name}` below" if p.deliverable in (MEASURED, WRITTEN) else "–"
         tests = ", ".join(f"`{f}`" for f in sorted(grade.files)) if grade and grade.files else "–"
-        rows.append([f"`{p.name}`", p.points, p.edition, ANSWERED_BY[p.deliverable],
-                     ", ".join(f"`{w}`" for w in p.where), section, tests, _status(grade)])
-    out = [
-        "## The handout's problems: where each is answered",
-        "",
-        "Every problem of the distributed part of CS336 assignment 2 (spring 2025, and the FSDP problems "
-        "the 2026 edition adds), with the code that answers it, its section in this writeup, the tests "
-        "that grade it and their status in the last `make test`.",
-        "",
-        fmt.table(["problem", "points", "edition", "answered by", "code", "section", "tests", "status"],
-                  rows, align="lrllllll"),
-    ]
-    if grades_file is None:
-        out += ["", "Test status: **not measured here**; `make test` writes the grade table this column reads."]
-    else:
-        beyond = grades.get("beyond")
-        out += ["", fmt.setting_line(grades_file.environment, grades_file.source,
-                                     parts=[f"`make test` ({' '.join(grades_file.setting.get('pytest_args', []))})"])]
-        if beyond is not None:
-            out += ["", f"Tests of what goes beyond the handout (launchers, signals, bad inputs, the doctor, the "
-                        f"writeup itself): {_status(beyond)}.", "", *_reliability(beyond)]
-        failing = [t for g in grades.values() for t in g.failed]
-        if failing:
-            out += ["", "Failing in that run: " + ", ".join(f"`{t}`" for t in failing) + "."]
-    return Section("\n".join(out))
+        rows.append([f"[`{p.name}`](../README.md#{p.name})", p.points, p.edition, ANSWERED_BY[p.deliverable],
+                     ", ".join(f"`{w}`" for w in p.where), tests, _status(grade)])
+    beyond = grades.get("beyond")
+    setting = None
+    if grades_file is not None:
+        setting = fmt.setting_line(grades_file.environment, grades_file.source,
+                                   parts=[f"`make test` ({' '.join(grades_file.setting.get('pytest_args', []))})"])
+    markdown = templating.render(
+        "details/grading.md.j2",
+        table=fmt.table(["problem", "points", "edition", "answered by", "code", "tests", "status"], rows,
+                        align="lrlllll"),
+        setting=setting, beyond=_status(beyond) if beyond else None,
+        reliability=_reliability(beyond) if beyond else [],
+        failing=[t for g in grades.values() for t in g.failed])
+    answers = {
+        p.name: templating.render("answers/code.md.j2", problem=p, grade=grades.get(p.name),
+                                  status=_status(grades.get(p.name)), measured=grades_file is not None,
+                                  link=details_link("grading"))
+        for p in PROBLEMS if p.deliverable == CODE
+    }
+    return Page("grading", markdown, answers)

@@ -1,0 +1,86 @@
+"""The writeup's pages, in reading order: the one list to extend.
+
+A page is a function ``(RenderContext) -> Page``: it reads ``ctx.inputs`` (every machine's
+results files, see :mod:`cs336_systems.writeup.load`), writes its figures to
+``ctx.figure_path(name)``, records what was not measured with ``coverage.note_gaps``, and
+returns its details page and its answers, both rendered from templates
+(:mod:`cs336_systems.writeup.templating`). The machines page comes last: it lists the gaps the
+others recorded.
+"""
+
+from __future__ import annotations
+
+from cs336_systems.writeup import fmt, templating
+from cs336_systems.writeup.ablation_section import ablation_section
+from cs336_systems.writeup.allreduce_section import allreduce_section
+from cs336_systems.writeup.communication_accounting_section import communication_accounting_section
+from cs336_systems.writeup.context import Page, PageFn, RenderContext, SectionFn, details_link
+from cs336_systems.writeup.ddp_sections import (
+    all_variants_section,
+    bucketed_benchmarking_section,
+    flat_benchmarking_section,
+    naive_benchmarking_section,
+    naive_ddp_section,
+    overlap_benchmarking_section,
+)
+from cs336_systems.writeup.doctor_section import doctor_section
+from cs336_systems.writeup.family_section import family_section
+from cs336_systems.writeup.fsdp_section import fsdp_section
+from cs336_systems.writeup.load import MachineResults
+from cs336_systems.writeup.overhead_section import overhead_model_section
+from cs336_systems.writeup.problems_section import grading_page
+from cs336_systems.writeup.sharding_section import sharding_accounting_section
+
+
+def _machine_hardware(machine: MachineResults) -> str:
+    envs = [f.environment for f in machine.files.values()]
+    gpu = next((e for e in envs if e.gpu_name), None)
+    cpu = envs[0] if envs else None
+    parts = [fmt.hardware(gpu, "cuda")] if gpu else []
+    parts += [fmt.hardware(cpu, "cpu")] if cpu else []
+    return "; ".join(parts) or "unknown"
+
+
+def machines_page(ctx: RenderContext) -> Page:
+    """The machines, the units, unreadable files, and every gap the other pages recorded, once per setting."""
+    rows = [[f"`{m.tag}`", _machine_hardware(m), ", ".join(f"`{name}.json`" for name in m.files) or "–"]
+            for m in ctx.inputs.machines]
+    unreadable = [(m.tag, name, why) for m in ctx.inputs.machines for name, why in m.unreadable.items()]
+    settings: dict[str, list] = {}
+    for gap in ctx.gaps:
+        settings.setdefault(gap.setting, []).append(gap)
+    markdown = templating.render(
+        "details/machines.md.j2", results=ctx.results_label,
+        machines=fmt.table(["machine tag", "hardware", "results files"], rows, align="lll") if rows else None,
+        unreadable=unreadable, gaps=settings)
+    return Page("machines", markdown)
+
+
+def _pending(name: str, sections: tuple[SectionFn, ...], problems: tuple[str, ...]) -> PageFn:
+    """A page still written as f-string sections, answering its problems with a link."""
+    def page(ctx: RenderContext) -> Page:
+        rendered = [s(ctx) for s in sections]
+        body = "\n\n".join(s.markdown.strip() for s in rendered)
+        title = body.splitlines()[0].lstrip("# ")
+        answers = {p: f"See [{title}]({details_link(name)})." for p in problems}
+        return Page(name, f"# {title}\n\n{body}", answers, [f for s in rendered for f in s.figures])
+    return page
+
+
+PAGES: list[PageFn] = [
+    grading_page,
+    _pending("allreduce", (allreduce_section,), ("distributed_communication_single_node",)),
+    _pending("naive_ddp", (naive_ddp_section,), ("naive_ddp",)),
+    _pending("ddp_step", (naive_benchmarking_section, flat_benchmarking_section, overlap_benchmarking_section,
+                          bucketed_benchmarking_section, all_variants_section),
+             ("naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking",
+              "ddp_overlap_individual_parameters_benchmarking", "ddp_bucketed_benchmarking")),
+    _pending("overhead_model", (overhead_model_section,), ()),
+    _pending("ablation", (ablation_section,), ()),
+    _pending("auto_bucket", (family_section,), ()),
+    _pending("communication_accounting", (communication_accounting_section,), ("communication_accounting",)),
+    _pending("optimizer_state_sharding", (sharding_accounting_section,), ("optimizer_state_sharding_accounting",)),
+    _pending("fsdp", (fsdp_section,), ("fsdp_accounting",)),
+    _pending("doctor", (doctor_section,), ()),
+    machines_page,
+]
