@@ -56,7 +56,7 @@ bench-quick: env ## the bench path with minimal sizes (<3 min), into writeup/res
 bench-gpu: env ## NCCL benchmarks at the handout's settings on a node with 1-6 GPUs, then the writeup
 	$(PY) scripts/run_benchmarks.py --suite gpu
 
-writeup: env ## render writeup/README.md and writeup/writeup.ipynb from writeup/results
+writeup: env ## render writeup/README.md (answers), writeup/details/ and writeup/writeup.ipynb from writeup/results
 	$(PY) scripts/make_writeup.py
 
 doctor: env ## check a DDP job's set-up: check-in, step times, shards, parameter agreement, all-reduce o/w

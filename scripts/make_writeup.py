@@ -1,8 +1,8 @@
-"""Render the writeup (README.md and writeup.ipynb, with figures) from the results files.
+"""Render the writeup (README.md with the answers, details/*.md, writeup.ipynb, figures) from the results files.
 
 Reads writeup/results/<machine tag>/*.json (and profile/ beneath each), skipping folders named
 quick* (smoke runs) unless named with --include-tag, and writes writeup/README.md,
-writeup/writeup.ipynb and writeup/figures/*.png, each atomically. A results file that cannot be
+writeup/details/*.md, writeup/writeup.ipynb and writeup/figures/*.png, each atomically. A results file that cannot be
 read is named in the writeup and set aside; the rest renders. The same results give
 byte-identical files.
 
@@ -28,7 +28,7 @@ class WriteupSetting:
     results_dir: Path = field(default=RESULTS_ROOT, metadata=cli.option(
         "where the results folders are", cli.ExistingFolder()))
     out_dir: Path = field(default=REPO_ROOT / "writeup", metadata=cli.option(
-        "where README.md, writeup.ipynb and figures/ go", cli.OutputFolder()))
+        "where README.md, details/, writeup.ipynb and figures/ go", cli.OutputFolder()))
     include_tag: tuple[str, ...] = field(default=(), metadata=cli.option(
         "render these results folders even if their names start with 'quick'", cli.FOLDER_NAME, many=True))
 
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     setting, _ = parser.parse_settings(argv)
     rendered = render_writeup(setting.results_dir, setting.out_dir, include_tags=setting.include_tag)
-    print(f"wrote {rendered.readme}, {rendered.notebook} and {len(rendered.figures)} figures")
+    print(f"wrote {rendered.readme}, {len(rendered.details)} details pages, {rendered.notebook} "
+          f"and {len(rendered.figures)} figures")
     return 0
 
 

@@ -18,12 +18,14 @@ import pytest
 
 from cs336_systems.problems import PROBLEMS, GradeRecord
 from cs336_systems.results.files import ResultsFile, write_results
-from cs336_systems.results.paths import results_path
+from cs336_systems.results.paths import RESULTS_ROOT, results_path
 from cs336_systems.writeup import render_writeup
 from cs336_systems.writeup.pages import machines_page
 
 from .test_writeup_allreduce import PAYLOADS, environment, record
 from .test_writeup_ddp import TAG, build_results_tree, output_files
+
+REPO = Path(__file__).resolve().parents[1]
 
 # One worker renders the shared tree once (the Makefile runs pytest with --dist loadgroup).
 pytestmark = [pytest.mark.problem("beyond"), pytest.mark.xdist_group("writeup")]
@@ -186,3 +188,35 @@ def test_an_unreadable_results_file_is_named_and_the_rest_renders(rendered, tmp_
     assert f"Unreadable: `{TAG}/allreduce.json`, set aside" in text
     assert str(tmp_path) not in text  # no path of the machine that rendered it
     assert re.search(r"\d+\.\d+ ms", (tmp_path / "out" / "details" / "ddp_step.md").read_text())
+
+
+def table_rows(text: str) -> list[str]:
+    """A markdown text's table body rows (headers and separator lines left out)."""
+    lines = text.splitlines()
+    rows = []
+    for i, line in enumerate(lines):
+        is_separator = re.fullmatch(r"\|[\s:|-]+\|", line.strip()) is not None
+        is_header = i + 1 < len(lines) and re.fullmatch(r"\|[\s:|-]+\|", lines[i + 1].strip()) is not None
+        if line.startswith("|") and not is_separator and not is_header:
+            rows.append(line.strip())
+    return rows
+
+
+def repeated_rows(documents: list[str]) -> list[str]:
+    rows = [row for text in documents for row in table_rows(text)]
+    return sorted({row for row in rows if rows.count(row) > 1})
+
+
+def test_no_table_row_appears_twice(rendered):
+    assert repeated_rows([rendered["readme"], *rendered["page"].values()]) == []
+
+
+def test_the_committed_writeup_is_what_the_committed_results_render(tmp_path):
+    """What `make writeup` would change on this machine: nothing (figures and tables carry no float noise)."""
+    committed = REPO / "writeup"
+    rendered = render_writeup(RESULTS_ROOT, tmp_path)
+    assert repeated_rows([p.read_text() for p in [rendered.readme, *rendered.details]]) == []
+    fresh, kept = output_files(tmp_path), output_files(committed)
+    kept = {name: data for name, data in kept.items() if not name.startswith("results/")}
+    assert sorted(fresh) == sorted(kept)
+    assert [name for name in sorted(fresh) if fresh[name] != kept[name]] == [], "rerun `make writeup` and commit"
