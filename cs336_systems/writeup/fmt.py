@@ -80,25 +80,6 @@ def ratio(value: float) -> str:
     return f"{sig(value, 3)}×"
 
 
-def relative(seconds_a: float, name_b: str, seconds_b: float) -> str:
-    """"R× faster than b (y ms)" (or slower, or "as fast as b"), from a's point of view."""
-    if seconds_a == seconds_b:
-        return f"as fast as {name_b} ({ms(seconds_b)} ms)"
-    word, factor = ("faster", seconds_b / seconds_a) if seconds_a < seconds_b else ("slower", seconds_a / seconds_b)
-    return f"{ratio(factor)} {word} than {name_b} ({ms(seconds_b)} ms)"
-
-
-def compare(name_a: str, seconds_a: float, name_b: str, seconds_b: float) -> str:
-    """"a is R× faster than b (x vs y ms)", or slower, or "as fast as"; R is always >= 1."""
-    if seconds_a == seconds_b:
-        return f"{name_a} is as fast as {name_b} ({ms(seconds_a)} ms each)"
-    if seconds_a < seconds_b:
-        word, factor = "faster", seconds_b / seconds_a
-    else:
-        word, factor = "slower", seconds_a / seconds_b
-    return f"{name_a} is {ratio(factor)} {word} than {name_b} ({ms(seconds_a)} vs {ms(seconds_b)} ms)"
-
-
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], align: str | None = None) -> str:
     """A GitHub markdown table; ``align`` has one letter per column, "l" or "r" (default: all "r"
     but the first)."""
