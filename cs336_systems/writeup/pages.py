@@ -13,7 +13,7 @@ from __future__ import annotations
 from cs336_systems.writeup import fmt, templating
 from cs336_systems.writeup.ablation_section import ablation_section
 from cs336_systems.writeup.allreduce_section import allreduce_section
-from cs336_systems.writeup.communication_accounting_section import communication_accounting_section
+from cs336_systems.writeup.communication_accounting_section import communication_accounting_page
 from cs336_systems.writeup.context import Page, PageFn, RenderContext, SectionFn, details_link
 from cs336_systems.writeup.ddp_sections import (
     all_variants_section,
@@ -23,7 +23,7 @@ from cs336_systems.writeup.ddp_sections import (
     naive_ddp_section,
     overlap_benchmarking_section,
 )
-from cs336_systems.writeup.doctor_section import doctor_section
+from cs336_systems.writeup.doctor_section import doctor_page
 from cs336_systems.writeup.family_section import family_section
 from cs336_systems.writeup.fsdp_section import fsdp_section
 from cs336_systems.writeup.load import MachineResults
@@ -78,9 +78,9 @@ PAGES: list[PageFn] = [
     _pending("overhead_model", (overhead_model_section,), ()),
     _pending("ablation", (ablation_section,), ()),
     _pending("auto_bucket", (family_section,), ()),
-    _pending("communication_accounting", (communication_accounting_section,), ("communication_accounting",)),
+    communication_accounting_page,
     _pending("optimizer_state_sharding", (sharding_accounting_section,), ("optimizer_state_sharding_accounting",)),
     _pending("fsdp", (fsdp_section,), ("fsdp_accounting",)),
-    _pending("doctor", (doctor_section,), ()),
+    doctor_page,
     machines_page,
 ]
