@@ -1,4 +1,4 @@
-"""The writeup's sharding-accounting and doctor sections.
+"""The writeup's optimizer_state_sharding page and answer, and the doctor page.
 
 A ``sharded_optimizer.json`` is written here with the benchmark's own record class and writer,
 holding planted values whose rendering we know: B = 64 MB of parameters on 4 ranks, a peak after
@@ -6,11 +6,12 @@ initialisation of twice the parameters, and step times over 8 interleaved rounds
 sharded step is 37-43 ms slower in every round (beyond the noise) while the sharded
 ``optimizer.step()`` is sometimes faster, sometimes slower (indistinguishable). All on top of a
 machine load that drifts from round to round and hits both configurations of a round alike.
-Nothing spawns a process.
+Expected numbers are computed here from the planted constants. Nothing spawns a process.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -29,9 +30,11 @@ from cs336_systems.results.paths import results_path
 from cs336_systems.results.schema import to_json
 from cs336_systems.units import MB
 from cs336_systems.writeup import render_writeup
-from cs336_systems.writeup.doctor_section import doctor_section
-from cs336_systems.writeup.sharding_section import sharding_accounting_section
+from cs336_systems.writeup.doctor_section import doctor_page
+from cs336_systems.writeup.pages import machines_page
+from cs336_systems.writeup.sharding_section import sharding_page
 
+from .test_writeup import repeated_rows
 from .test_writeup_allreduce import environment
 
 pytestmark = pytest.mark.problem("beyond")
@@ -85,94 +88,101 @@ def build_tree(root: Path, rounds: int = 8, live: int = 0) -> Path:
     return root
 
 
-def section(readme: str, heading_start: str) -> str:
-    return readme.split(f"## {heading_start}")[1].split("\n## ")[0]
+def mb(n_bytes: float) -> str:
+    """Bytes in MB to three significant digits, trailing zeros kept (as the writeup prints them)."""
+    value = n_bytes / MB
+    return "0" if value == 0 else f"{value:.{max(0, 2 - math.floor(math.log10(value)))}f}"
 
 
-def render(root: Path, out: Path) -> str:
-    return render_writeup(root, out, sections=[sharding_accounting_section, doctor_section]).text()
+def render(root: Path, out: Path) -> dict:
+    rendered = render_writeup(root, out, pages=[sharding_page, machines_page])
+    readme = rendered.readme.read_text()
+    return {"answer": readme.split("### optimizer_state_sharding_accounting\n")[1].split("\n## ")[0],
+            "details": rendered.details[0].read_text(), "machines": rendered.details[1].read_text(),
+            "text": rendered.text(), "documents": [readme, *(p.read_text() for p in rendered.details)]}
 
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("sharding")
     results = build_tree(root / "results")
-    first = render(results, root / "a")
-    second = render(results, root / "b")
-    return {"readme": first, "again": second, "text": section(first, "optimizer_state_sharding_accounting")}
+    first, second = render(results, root / "a"), render(results, root / "b")
+    assert first["text"] == second["text"]
+    return first
 
 
-def test_rendering_twice_gives_the_same_text(rendered):
-    assert rendered["readme"] == rendered["again"]
+def peak(configuration: str, name: str) -> float:
+    return phase(configuration, name).peak_above_baseline_bytes
 
 
-def test_memory_at_each_point_comes_from_the_records(rendered):
-    text = rendered["text"]
-    assert "process RSS high-water mark" in text and "CUDA allocator" not in text
-    # Peaks: model 64 + 24, init 64 + 64, before 64 + 64 + state + 8, after 64 + 64 + state + 40 (MB).
-    assert "| unsharded | 0 | 500 | 88.0 | 128 | 264 | 296 |" in text
-    assert "| sharded | 3 | 501 | 88.0 | 128 | 168 | 200 |" in text
-    assert "| sharded | 2 | after_step | 64.0 | 64.0 | 32.0 | 40.0 | 200 | 199 |" in text
-    assert "| unsharded | 1 | after_init | 64.0 | 0 | 0 | 64.0 | 128 | 127 |" in text
-    assert "500 to 501 MB over configurations and ranks (a spread of 0.750 MB" in text
-    assert "No tensor was reachable from Python at any baseline" in text
+def test_the_answer_table_holds_the_fullest_rank_at_each_point_the_handout_names(rendered):
+    answer = rendered["answer"]
+    for configuration in CONFIGURATIONS:
+        held = phase(configuration, "after_step")
+        cells = [held.parameters_bytes, held.gradients_bytes, held.optimizer_state_bytes,
+                 *(peak(configuration, name) for name in ("after_init", "before_step", "after_step"))]
+        assert f"| {configuration} | " + " | ".join(mb(c) for c in cells) + " |" in answer
+    assert "after_model" not in answer and "RSS high-water mark" in answer
 
 
-def test_the_peak_after_initialisation_is_explained(rendered):
-    text = rendered["text"]
-    assert "Why the peak after initialisation is 2.00× the parameters (128 MB against 64.0 MB" in text
-    assert "besides the parameters it holds 64.0 MB of transients" in text
-    assert "min(B, 64.0 MB) = 64.0 MB exists beside the parameters at once" in text and "`trunc_normal_`" in text
-    assert "peaked lower: 24.0 MB above its parameters" in text
+def test_the_answer_compares_memory_and_time_with_intervals(rendered):
+    answer = rendered["answer"]
+    state_u, state_s = (phase(c, "after_step").optimizer_state_bytes for c in ("unsharded", "sharded"))
+    assert "differ only by the meter's noise (0 MB at most" in answer
+    assert "cuts the state to 0.250× (1/n = 0.250)" in answer and f"against {mb(state_u - state_s)} MB less" in answer
+    drops = [mb(peak("unsharded", name) - peak("sharded", name)) for name in ("before_step", "after_step")]
+    assert f"falls by {drops[0]} MB before the step and {drops[1]} MB after it" in answer
+    # Sharded minus unsharded per round: 37-43 ms every round (resolved); the optimizer step ±3 ms (not).
+    assert "unsharded is 40.0 ms (95% interval 37.0 to 43.0 ms): sharded slower" in answer
+    assert "differs by 0.500 ms (-3.00 to 4.00 ms: indistinguishable here)" in answer
 
 
-def test_state_and_peaks_compare_the_configurations(rendered):
-    text = rendered["text"]
-    assert "| unsharded | 1 | 8 of 8 | 128 | 128 | 1.00× | – |" in text
-    assert "| sharded | 2 | 2 of 8 | 32.0 | 32.0 | 1.00× | 16.0 |" in text
-    assert "0.250× (1/n = 0.250 on 4 ranks" in text
-    assert "their peaks there differ by at most 0 MB" in text
-    assert "200 MB sharded, 296 MB unsharded (96.0 MB lower with sharding, against 96.0 MB less" in text
+def test_the_zero1_comparison_counts_memory_and_bytes_from_psi_and_n(rendered):
+    answer = rendered["answer"]
+    psi, n = PARAM_BYTES // 4, N_RANKS
+    assert f"$2\\Psi + 2\\Psi + 12\\Psi/N_d$ per rank, {mb((4 + 12 / n) * psi)} MB" in answer
+    assert f"$4\\Psi + 4\\Psi + 8\\Psi/N_d$ = {mb((8 + 8 / n) * psi)} MB" in answer
+    ddp = 2 * (n - 1) / n * PARAM_BYTES
+    assert f"{mb(1.5 * ddp)} MB per rank and step, 1.50× DDP's {mb(ddp)} MB" in answer
+    assert f"all-gathers parameters, {mb(ddp)} MB, as DDP" in answer
+    assert len(answer.split()) <= 400
 
 
-def test_time_differences_are_stated_with_their_interval(rendered):
-    text = rendered["text"]
-    assert "| unsharded | 8 | 400 | 397–403 | 80.0 |" in text
-    assert "whole step: 40.0 ms (95% interval 37.0 to 43.0 ms): sharded slower" in text
-    assert "`optimizer.step()`: 0.500 ms (95% interval -3.00 to 4.00 ms): indistinguishable here" in text
-    assert "across launches" not in text
+def test_the_details_show_every_rank_and_point_once(rendered):
+    details = rendered["details"]
+    assert "| sharded | 2 | after_step | 64.0 | 64.0 | 32.0 | 40.0 | 200 | 199 |" in details
+    assert "| unsharded | 1 | after_model | 64.0 | 0 | 0 | 24.0 | 88.0 | 87.0 |" in details
+    assert "| sharded | 2 | 2 of 8 | 32.0 | 32.0 | 1.00× | 16.0 |" in details
+    assert "| unsharded | 8 | 400 | 397–403 | 80.0 |" in details
+    assert "500 to 501 MB over configurations and ranks (a spread of 0.750 MB)" in details
+    assert "No tensor was reachable from Python at any baseline" in details
+    assert "2.00× the parameters" in details and "64.0 MB of transients" in details
+    assert "rank 0 48.0 MB" in details and "differ by at most 0 MB" in details
+    assert repeated_rows(rendered["documents"]) == []
 
 
 def test_too_few_rounds_state_no_difference(tmp_path):
-    text = render(build_tree(tmp_path / "results", rounds=3), tmp_path / "out")
-    assert "over 3 rounds, too few for a 95% interval (6 needed): no difference is stated" in text
-    assert "slower" not in text and "indistinguishable" not in text
+    answer = render(build_tree(tmp_path / "results", rounds=3), tmp_path / "out")["answer"]
+    assert "too few rounds for an interval" in answer and "no 95% interval (3 rounds; it needs 6)" in answer
+    assert "slower" not in answer and "indistinguishable" not in answer
 
 
 def test_a_leaked_tensor_at_the_baseline_is_called_out(tmp_path):
-    text = render(build_tree(tmp_path / "results", live=3 * MB), tmp_path / "out")
-    assert "**Tensors were still reachable at a baseline** (3.00 MB)" in text
+    details = render(build_tree(tmp_path / "results", live=3 * MB), tmp_path / "out")["details"]
+    assert "**Tensors were still reachable at a baseline** (3.00 MB)" in details
 
 
-def test_communication_is_computed_from_b_and_n(rendered):
-    text = rendered["text"]
-    ddp = 2 * (N_RANKS - 1) / N_RANKS * PARAM_BYTES / MB  # 96 MB
-    assert f"B = {PARAM_BYTES / MB:.1f} MB" in text and f"n = {N_RANKS} ranks" in text
-    assert f"| DDP (gradient all-reduce) | 2(n−1)/n · B | {ddp:.1f} | 1.00× |" in text
-    assert f"| {1.5 * ddp:.0f} | 1.50× |" in text
-    assert text.count(f"| {ddp:.1f} | 1.00× |") == 2  # DDP and the paper's ZeRO-1 move the same bytes
-    assert "rank 0 48.0 MB" in text and "Rajbhandari et al." in text
+def test_missing_results_are_listed_once_on_the_machines_page(tmp_path):
+    found = render(tmp_path / "none", tmp_path / "out")
+    assert "Not measured here" in found["answer"] and "machines.md#not-measured-here" in found["answer"]
+    assert found["machines"].count("optimizer state sharding accounting") == 2  # gloo on CPU, NCCL on GPUs
+    assert "`make bench`" in found["machines"] and "`make bench-gpu`" in found["machines"]
+    assert not re.search(r"\d+\.\d+ ms", found["text"])
 
 
-def test_missing_results_say_not_measured_with_the_command(tmp_path):
-    readme = render(tmp_path / "none", tmp_path / "out")
-    text = section(readme, "optimizer_state_sharding_accounting")
-    assert "**not measured here**" in text and "`make bench`" in text and "`make bench-gpu`" in text
-    assert not re.search(r"\d+\.\d+ ms", readme)
-
-
-def test_doctor_section_names_the_layout_and_every_injectable_fault(rendered):
-    text = section(rendered["readme"], "Beyond: make doctor")
+def test_the_doctor_page_names_the_layout_and_every_injectable_fault(tmp_path):
+    text = render_writeup(tmp_path / "none", tmp_path / "out", pages=[doctor_page]).details[0].read_text()
+    assert text.startswith("# Beyond the handout: make doctor")
     for fault in INJECTIONS:
         assert f'make doctor DOCTOR_ARGS="--inject {fault}' in text
     assert "`cs336_systems/doctor/`" in text and "`--out PATH`" in text and "exits 1" in text

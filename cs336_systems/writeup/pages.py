@@ -29,7 +29,7 @@ from cs336_systems.writeup.fsdp_section import fsdp_section
 from cs336_systems.writeup.load import MachineResults
 from cs336_systems.writeup.overhead_section import overhead_model_section
 from cs336_systems.writeup.problems_section import grading_page
-from cs336_systems.writeup.sharding_section import sharding_accounting_section
+from cs336_systems.writeup.sharding_section import sharding_page
 
 
 def _machine_hardware(machine: MachineResults) -> str:
@@ -79,7 +79,7 @@ PAGES: list[PageFn] = [
     _pending("ablation", (ablation_section,), ()),
     _pending("auto_bucket", (family_section,), ()),
     communication_accounting_page,
-    _pending("optimizer_state_sharding", (sharding_accounting_section,), ("optimizer_state_sharding_accounting",)),
+    sharding_page,
     _pending("fsdp", (fsdp_section,), ("fsdp_accounting",)),
     doctor_page,
     machines_page,
