@@ -1,9 +1,9 @@
-"""The writeup's FSDP section, from small results files written with the benchmark's own writer.
+"""The writeup's fsdp page and fsdp_accounting answer, from small results files written with the benchmark's writer.
 
 Each test plants a run whose reading is known (torch's FSDP slower in every round, or the two
 FSDPs alternating, or ours slower; memory and bytes chosen by hand; a traced step whose
 all-gathers half overlap compute) and checks the sentences, the table cells and the timeline
-figure the section draws from them. Nothing spawns a process.
+figure the page draws from them. Nothing spawns a process.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.paths import results_path
 from cs336_systems.results.schema import to_json
 from cs336_systems.units import MB
-from cs336_systems.writeup.context import RenderContext
-from cs336_systems.writeup.fsdp_section import fsdp_section
-from cs336_systems.writeup.load import load_results
+from cs336_systems.writeup import render_writeup
+from cs336_systems.writeup.fsdp_section import fsdp_page
+from cs336_systems.writeup.pages import machines_page
+
+from .test_writeup import repeated_rows
 
 pytestmark = pytest.mark.problem("fsdp")
 TAG = "cpu2-test-epyc"
@@ -78,65 +80,74 @@ def records(torch_minus_ours_s: list[float]) -> list[FsdpStepRecord]:
                      free_per_rank=1024 * MB, world_size=2)
 
 
-def render(tmp_path: Path, torch_minus_ours_s: list[float] | None) -> tuple[str, list[Path]]:
+def render(tmp_path: Path, torch_minus_ours_s: list[float] | None) -> dict:
     root = tmp_path / "results"
     if torch_minus_ours_s is not None:
         write_results(results_path(FsdpStepRecord.KIND, TAG, root=root),
                       ResultsFile(FsdpStepRecord.KIND, environment(), to_json(SETTING), records(torch_minus_ours_s)))
     else:
         (root / TAG).mkdir(parents=True)
-    section = fsdp_section(RenderContext(load_results(root), tmp_path / "out"))
-    return section.markdown, section.figures
+    rendered = render_writeup(root, tmp_path / "out", pages=[fsdp_page, machines_page])
+    readme = rendered.readme.read_text()
+    return {"answer": readme.split("### fsdp_accounting\n")[1].split("\n## ")[0], "figures": rendered.figures,
+            "details": rendered.details[0].read_text(), "machines": rendered.details[1].read_text(),
+            "documents": [readme, *(p.read_text() for p in rendered.details)]}
 
 
-TIME, MEMORY_TABLE, BYTES = 0, 1, 2  # the section's tables, in order
+TIME, BYTES = 0, 1  # the details page's tables, in order
 
 
-def row(markdown: str, first_cell: str, table: int = TIME) -> list[str]:
-    """The cells of the row starting with ``first_cell`` in the section's ``table``-th table."""
+def row(markdown: str, first_cell: str, table: int = 0) -> list[str]:
+    """The cells of the row starting with ``first_cell`` in the ``table``-th table holding such a row."""
     lines = [line for line in markdown.splitlines() if line.startswith(f"| {first_cell} |")]
     return [c.strip() for c in lines[table].strip("|").split("|")]
 
 
 def test_torch_slower_every_round_meets_the_goal_and_every_table_shows_the_run(tmp_path):
-    markdown, figures = render(tmp_path, [0.2] * ROUNDS)
-    assert "Our FSDP timed in its reduce-scatter mode." in markdown
-    assert "torch's FSDP's step is 200 ms longer than our FSDP's" in markdown
-    assert "the goal is met for step time" in markdown
-    assert "30.0 MB ours against 33.0 MB torch's (9.09% lower); the goal is met for memory" in markdown
-    assert row(markdown, "torch's FSDP")[4:7] == ["+200", "200 to 200", "torch's FSDP slower"]
-    assert row(markdown, "DDP")[4:7] == ["-500", "-500 to -500", "DDP faster"]
-    assert row(markdown, "ZeRO-1")[6] == "indistinguishable here"  # ±100 ms alternating
-    # Memory: 16 + 16 + 24 MB over 4 Mi parameters is 14 bytes each; (1024 - 8) MB / 14 B is 76.1 M,
-    # under the handout's small model (128 M): the largest of the table is cpu-small (22.7 M).
-    assert row(markdown, "DDP", MEMORY_TABLE) == ["DDP", "64.0", "16.0", "16.0", "24.0", "8.00", "56.0", "14.0",
-                                        "76.1 M (cpu-small)"]
+    found = render(tmp_path, [0.2] * ROUNDS)
+    details, answer = found["details"], found["answer"]
+    assert "Our FSDP timed in its reduce-scatter mode." in details
+    assert "Step time: met: torch's step is 200 ms longer (95% interval 200 to 200 ms)" in details
+    assert "30.0 MB ours against 33.0 MB torch's: met" in details
+    assert row(details, "torch's FSDP")[4:7] == ["+200", "200 to 200", "torch's FSDP slower"]
+    assert row(details, "DDP")[4:7] == ["-500", "-500 to -500", "DDP faster"]
+    assert row(details, "ZeRO-1")[6] == "indistinguishable here"  # ±100 ms alternating
+    # Memory: 16 + 16 + 24 MB over 4 Mi parameters is 14 bytes each.
+    assert row(answer, "DDP") == ["DDP", "64.0", "16.0", "16.0", "24.0", "8.00", "56.0", "14.0"]
     # Bytes: our FSDP sends (28 + 16) / 2 MB; the formula 3 x 16 / 2 MB; DDP 2 x 16 / 2 MB.
-    assert row(markdown, "our FSDP", BYTES)[1:] == ["28.0 (3)", "16.0 (3)", "–", "–", "22.0", "24.0", "0.917×", "1.38×"]
-    assert "the rank waited for communication 100 ms of the 4000 ms step" in markdown
-    assert "it computed during 50.0% of the time an all-gather was open (2 all-gathers)" in markdown
-    assert "0 of 1 reduce-scatters were launched while backward was still running" not in markdown
-    assert "1 of 1 reduce-scatters were launched while backward was still running" in markdown
+    assert row(details, "our FSDP", BYTES)[1:] == ["28.0 (3)", "16.0 (3)", "–", "–", "22.0", "24.0", "0.917×", "1.38×"]
+    assert "the rank waited for communication 100 ms of the 4000 ms step" in details
+    assert "computed during 50.0% of the time an all-gather was open (2 all-gathers)" in details
+    assert "1 of 1 reduce-scatters were launched while backward was still running" in details
+    # (a): Ψ = 4 Mi parameters, n = 2: (1 − 1/n)·16Ψ = 32 MB against DDP, (1 − 1/n)·8Ψ = 16 MB against ZeRO-1.
+    assert "= 32.0 MB of the peak against DDP and (1 − 1/n)·8Ψ = 16.0 MB against ZeRO-1" in answer
+    assert "falls from 64.0 MB (DDP) and 52.0 MB (ZeRO-1) to 30.0 MB with our FSDP: 34.0 and 22.0 MB saved" in answer
+    # (b): the only wait, [3.5, 3.6] s, lies after forward [0, 1.5] s.
+    assert "forward took 1500 ms, of which the rank waited for communication 0 ms: every all-gather finished" in answer
+    assert "computed during 50.0% of the time its 2 all-gathers were open" in answer
+    figures = found["figures"]
     assert len(figures) == 1 and figures[0].is_file() and figures[0].name == f"{TAG}_fsdp_step_timeline.png"
-    assert "NCCL on GPUs (`nccl`): **not measured here**; `make bench-gpu`" in markdown
-    assert "gloo on CPU (`gloo`): **not measured here**" not in markdown
+    assert f"figures/{figures[0].name}" in answer
+    assert "FSDP step benchmark" in found["machines"].split("NCCL on GPUs")[1]
+    assert "FSDP step benchmark" not in found["machines"].split("NCCL on GPUs")[0]
+    assert repeated_rows(found["documents"]) == []
+    assert len(answer.split()) <= 400
 
 
 def test_a_difference_whose_interval_holds_zero_is_indistinguishable(tmp_path):
-    markdown, _ = render(tmp_path, [0.05 if i % 2 else -0.05 for i in range(ROUNDS)])
-    assert "torch's FSDP and our FSDP are indistinguishable here" in markdown
-    assert "met for step time only in the sense that the two are indistinguishable here" in markdown
+    details = render(tmp_path, [0.05 if i % 2 else -0.05 for i in range(ROUNDS)])["details"]
+    assert "met only in the sense that the two are indistinguishable here" in details
 
 
 def test_ours_slower_says_by_how_much_with_the_interval(tmp_path):
-    markdown, _ = render(tmp_path, [-0.3 - 0.01 * i for i in range(ROUNDS)])
-    assert "**not met for step time**: ours is 335 ms per step slower (95% interval 300 to 370 ms)" in markdown
+    details = render(tmp_path, [-0.3 - 0.01 * i for i in range(ROUNDS)])["details"]
+    assert "**not met**: ours is 335 ms per step slower (95% interval 300 to 370 ms)" in details
 
 
-def test_without_results_every_setting_is_not_measured_with_its_command(tmp_path):
-    markdown, figures = render(tmp_path, None)
-    assert figures == []
-    assert "gloo on CPU (`gloo`): **not measured here**; `make bench`" in markdown
-    assert "NCCL on GPUs (`nccl`): **not measured here**; `make bench-gpu`" in markdown
-    assert "python scripts/bench_fsdp.py" in markdown
-    assert "**When to pick which.**" in markdown and "**Two modes.**" in markdown
+def test_without_results_every_setting_is_listed_once_on_the_machines_page(tmp_path):
+    found = render(tmp_path, None)
+    assert found["figures"] == []
+    assert "Not measured here" in found["answer"] and "machines.md#not-measured-here" in found["answer"]
+    assert found["machines"].count("FSDP step benchmark") == 2
+    assert "python scripts/bench_fsdp.py" in found["details"]
+    assert "**When to pick which.**" in found["details"] and "**Two modes.**" in found["details"]

@@ -1,9 +1,7 @@
-"""Problem communication_accounting (2025, section 2.4): the XXL model's memory and forward-pass communication.
+"""communication_accounting (2025, section 2.4): the XXL model's memory and forward-pass communication.
 
-A written problem: nothing is measured. Every number is computed when the page renders by
-:mod:`cs336_systems.capacity` from the handout's constants (:mod:`cs336_systems.capacity.handout`);
-the equations and words are in ``templates/answers/communication_accounting.md.j2`` and
-``templates/details/communication_accounting.md.j2``.
+Computed, not measured, by :mod:`cs336_systems.capacity` from the handout's constants; words and equations in
+``templates/answers/communication_accounting.md.j2`` and ``templates/details/communication_accounting.md.j2``.
 """
 
 from __future__ import annotations

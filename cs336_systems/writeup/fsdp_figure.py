@@ -1,11 +1,8 @@
-"""The FSDP timelines, drawn from the intervals ``fsdp_step.json`` stores for one traced step.
+"""The FSDP timelines, one panel per FSDP (ours, torch's) on a shared time axis, from one traced step.
 
-One panel per FSDP (ours, torch's) on a shared time axis. Lanes, top to bottom: the step's
-phases; compute (the rank's main thread inside tensor operations); waiting (the rank blocked
-in a collective's ``wait``: communication not hidden); then one lane per kind of collective,
-each bar from the call's launch to its completion (for gloo's reduce-scatter, which reports no
-completion, to the end of the wait for it). A collective bar beside a compute bar is
-communication hidden behind computation.
+Lanes, top to bottom: phases; compute; waiting (blocked in a collective's ``wait``: communication not
+hidden); one lane per kind of collective, each bar from launch to completion. A collective bar beside a
+compute bar is communication hidden behind computation.
 """
 
 from __future__ import annotations

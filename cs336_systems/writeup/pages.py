@@ -25,7 +25,7 @@ from cs336_systems.writeup.ddp_sections import (
 )
 from cs336_systems.writeup.doctor_section import doctor_page
 from cs336_systems.writeup.family_section import family_section
-from cs336_systems.writeup.fsdp_section import fsdp_section
+from cs336_systems.writeup.fsdp_section import fsdp_page
 from cs336_systems.writeup.load import MachineResults
 from cs336_systems.writeup.overhead_section import overhead_model_section
 from cs336_systems.writeup.problems_section import grading_page
@@ -80,7 +80,7 @@ PAGES: list[PageFn] = [
     _pending("auto_bucket", (family_section,), ()),
     communication_accounting_page,
     sharding_page,
-    _pending("fsdp", (fsdp_section,), ("fsdp_accounting",)),
+    fsdp_page,
     doctor_page,
     machines_page,
 ]

@@ -1,10 +1,7 @@
-"""Problem optimizer_state_sharding_accounting: memory, step time and bytes moved with and without sharding.
+"""optimizer_state_sharding_accounting: memory, step time and bytes moved with and without sharding.
 
-Reads ``sharded_optimizer.json`` (:class:`~cs336_systems.bench.accounting.AccountingRecord`, one
-per configuration and rank). Memory figures are single readings per rank (exact byte counts, or
-RSS); time differences are stated only with their paired 95% interval (:class:`Paired`). The words
-are in ``templates/answers/optimizer_state_sharding_accounting.md.j2`` and
-``templates/details/optimizer_state_sharding.md.j2``.
+Reads ``sharded_optimizer.json`` (one :class:`AccountingRecord` per configuration and rank); time differences
+only with their paired 95% interval. Words in ``templates/{answers,details}/optimizer_state_sharding*.md.j2``.
 """
 
 from __future__ import annotations
