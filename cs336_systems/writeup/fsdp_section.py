@@ -12,6 +12,7 @@ from cs336_systems.bench.profile.timeline import merge_intervals, total_length
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.fsdp_figure import render_fsdp_timelines
+from cs336_systems.writeup.load import MachineResults, ResultsFile
 from cs336_systems.writeup.paired import Paired, signed_ms
 
 KIND = FsdpStepRecord.KIND
@@ -39,20 +40,20 @@ def _paired(r: FsdpStepRecord) -> Paired | None:
                                                    len(r.step_times_s))
 
 
-def _run(ctx: RenderContext, machine, results) -> dict:
+def _run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> dict:
     records: list[FsdpStepRecord] = results.records
     by = {r.configuration: r for r in records}
-    name = lambda r: NAMES.get(r.configuration, r.configuration)  # noqa: E731
-    times = [[name(r), r.description, fmt.ms(r.median_step_s), f"{fmt.ms(r.min_step_s)}–{fmt.ms(r.max_step_s)}",
+    named = [(NAMES.get(r.configuration, r.configuration), r) for r in records]
+    times = [[name, r.description, fmt.ms(r.median_step_s), f"{fmt.ms(r.min_step_s)}–{fmt.ms(r.max_step_s)}",
               *(["–"] * 3 if d is None else [signed_ms(d.median_s), fmt.ms_interval(d.interval_s), d.reading]),
-              fmt.sig(r.tokens_per_s)] for r in records for d in [_paired(r)]]
-    memory = [[name(r), fmt.mb(r.peak_bytes), *(fmt.mb(v) for v in r.peak_parts.values()), fmt.mb(r.resident_bytes),
-               fmt.sig(r.bytes_per_parameter)] for r in records]
+              fmt.sig(r.tokens_per_s)] for name, r in named for d in [_paired(r)]]
+    memory = [[name, fmt.mb(r.peak_bytes), *(fmt.mb(v) for v in r.peak_parts.values()), fmt.mb(r.resident_bytes),
+               fmt.sig(r.bytes_per_parameter)] for name, r in named]
     ddp = by.get(DDP)
-    comm = [[name(r), *(f"{fmt.mb(r.payload_bytes[k])} ({r.calls.get(k, 0)})" if k in r.payload_bytes else "–"
-                        for k in COLLECTIVES), fmt.mb(r.traffic_bytes), fmt.mb(r.formula_traffic_bytes),
+    comm = [[name, *(f"{fmt.mb(r.payload_bytes[k])} ({r.calls.get(k, 0)})" if k in r.payload_bytes else "–"
+                     for k in COLLECTIVES), fmt.mb(r.traffic_bytes), fmt.mb(r.formula_traffic_bytes),
              fmt.ratio(r.traffic_bytes / r.formula_traffic_bytes),
-             fmt.ratio(r.traffic_bytes / ddp.traffic_bytes) if ddp else "–"] for r in records]
+             fmt.ratio(r.traffic_bytes / ddp.traffic_bytes) if ddp else "–"] for name, r in named]
     traced = [(NAMES[c], by[c].timeline) for c in (FSDP, TORCH_FSDP) if c in by and by[c].timeline]
     figure = render_fsdp_timelines(traced, ctx.figure_path(f"{machine.tag}_{results.name}_timeline.png")) \
         if traced else None
