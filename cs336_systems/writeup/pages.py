@@ -27,7 +27,7 @@ from cs336_systems.writeup.doctor_section import doctor_page
 from cs336_systems.writeup.family_section import family_section
 from cs336_systems.writeup.fsdp_section import fsdp_page
 from cs336_systems.writeup.load import MachineResults
-from cs336_systems.writeup.overhead_section import overhead_model_section
+from cs336_systems.writeup.overhead_section import overhead_page
 from cs336_systems.writeup.problems_section import grading_page
 from cs336_systems.writeup.sharding_section import sharding_page
 
@@ -75,7 +75,7 @@ PAGES: list[PageFn] = [
                           bucketed_benchmarking_section, all_variants_section),
              ("naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking",
               "ddp_overlap_individual_parameters_benchmarking", "ddp_bucketed_benchmarking")),
-    _pending("overhead_model", (overhead_model_section,), ()),
+    overhead_page,
     _pending("ablation", (ablation_section,), ()),
     _pending("auto_bucket", (family_section,), ()),
     communication_accounting_page,
