@@ -24,7 +24,7 @@ from cs336_systems.results.paths import results_path
 from cs336_systems.results.schema import to_json
 from cs336_systems.units import MB
 from cs336_systems.writeup import render_writeup
-from cs336_systems.writeup.ablation_section import ablation_section
+from cs336_systems.writeup.ablation_section import ablation_page
 
 from .step_records import records_from_measured
 from .test_writeup_allreduce import environment
@@ -51,7 +51,7 @@ STEP_S = {
     "torch-ddp": 0.120,
 }
 AUTO_CAP_BYTES = 3 * MB
-SECTIONS = [ablation_section]
+PAGES = [ablation_page]
 BF16_ERROR = 0.00234  # the relative L2 error the run measured for bfloat16 communication
 # The first buckets as built, in launch order (tiny model): with the first-bucket cap the LM head
 # alone; without it, the LM head and the next parameters up to the cap.
@@ -72,16 +72,20 @@ def payloads(plan: list[list[str]]) -> list[int]:
     return [sum(sizes[n] for n in bucket) + 4 * len(bucket) for bucket in plan]
 
 
-def ablation_records() -> list[StepRecord]:
+def ablation_records(steps: dict[str, float] = STEP_S, noise: dict[str, list[float]] | None = None,
+                     scale: float = 1.0) -> list[StepRecord]:
+    """Every ablation variant; ``noise`` (per variant, per round) defaults to copy's own wobble; every time is
+    multiplied by ``scale``."""
+    noise = {"bucketed-25MB-copy": COPY_EXTRA_S} if noise is None else noise
     raw = []
     for name in ABLATION_VARIANTS:
         bucketed = name.startswith("bucketed-")
         plan = plan_of(name)
         raw.append(dict(
             variant=name,
-            step_times_s=[STEP_S.get(name, 0.100) + d + (name == "bucketed-25MB-copy") * extra
-                          for d, extra in zip(DRIFT_S, COPY_EXTRA_S)],
-            sync_times_s=None if name in (COMPUTE_ONLY, TORCH_DDP) else [0.005] * ROUNDS,
+            step_times_s=[(steps.get(name, 0.100) + d + extra) * scale
+                          for d, extra in zip(DRIFT_S, noise.get(name, [0.0] * ROUNDS))],
+            sync_times_s=None if name in (COMPUTE_ONLY, TORCH_DDP) else [0.005 * scale] * ROUNDS,
             allreduce_calls_per_step=None if name == COMPUTE_ONLY else 2,
             n_buckets=len(plan) if plan else 2 if name == TORCH_DDP else None,
             bucket_cap_bytes=(AUTO_CAP_BYTES if name == "bucketed-auto" else 25 * MB) if bucketed else None,
@@ -93,18 +97,18 @@ def ablation_records() -> list[StepRecord]:
     return records_from_measured(raw, tokens_per_step=4 * 32)
 
 
-def write_ablation(root: Path) -> Path:
+def write_ablation(root: Path, records: list[StepRecord] | None = None) -> Path:
     setting = StepSetting(model_size="tiny", context_length=32, global_batch=4, rounds=ROUNDS, steps_per_round=1,
                           ablation=True)
-    results = ResultsFile(StepRecord.KIND, environment(), to_json(setting), ablation_records(),
+    results = ResultsFile(StepRecord.KIND, environment(), to_json(setting), records or ablation_records(),
                           {"n_parameters": 1362240, "threads_per_rank": 1, "ranks_on_node": 2})
     return write_results(results_path(StepRecord.KIND, TAG, suffix=setting.results_suffix, root=root), results)
 
 
-def render(tmp_path: Path, out: str = "out") -> str:
-    root = tmp_path / "results"
-    write_ablation(root)
-    return render_writeup(root, tmp_path / out, sections=SECTIONS).text()
+def render(tmp_path: Path, out: str = "out", records: list[StepRecord] | None = None) -> str:
+    root = tmp_path / out / "results"
+    write_ablation(root, records)
+    return render_writeup(root, tmp_path / out / "writeup", pages=PAGES).text()
 
 
 @pytest.fixture(scope="module")
@@ -120,55 +124,69 @@ def test_the_ablation_file_is_a_ddp_step_run(tmp_path):
 def test_rendering_twice_gives_byte_identical_files(tmp_path):
     render(tmp_path, "a")
     render(tmp_path, "b")
-    a, b = output_files(tmp_path / "a"), output_files(tmp_path / "b")
+    a, b = output_files(tmp_path / "a" / "writeup"), output_files(tmp_path / "b" / "writeup")
     assert a == b and any(name.startswith("figures/") for name in a)
 
 
 def test_ablation_table_is_computed_from_the_records(readme):
-    # Row: buckets, cap, median step, spread, exposed overhead and interval, step − torch DDP's and interval.
-    row = ("| bucketed-25MB | 25 MB buckets, every lever on (the default) | 2 | 25 | 116 | 113–119 | 16.0 "
-           "| 16.0 to 16.0 | -4.00 | -4.00 to -4.00 |")
-    assert row in readme
-    assert "| bucketed-auto |" in readme and "| 3 | 119 |" in readme  # the chosen cap, in MB
-    assert "| compute-only |" in readme and "97.0–103" in readme
-    assert "| bucketed-25MB-copy |" in readme and "| 18.0 | 15.0 to 20.0 |" in readme
+    # Row: buckets, cap, median step, exposed overhead and interval, step − torch DDP's and interval.
+    assert "| bucketed-25MB | 2 | 25 | 116 | 16.0 (16.0 to 16.0) | -4.00 (-4.00 to -4.00) |" in readme
+    assert "| bucketed-auto | 2 | 3 | 119 |" in readme  # the chosen cap, in MB
+    assert "| compute-only | – | – | 100 | 0 | – |" in readme
+    assert "| bucketed-25MB-copy | 2 | 25 | 118 | 18.0 (15.0 to 20.0) |" in readme
     assert "6.00 ms (max − min of its 8 timed steps)" in readme
     assert "### Machine `cpu2-test-xeon` · `ddp_step-ablation.json`" in readme
-    assert "8 timed steps per variant in 8 interleaved rounds" in readme
-    assert "Each of the 2 ranks on this machine computed with 1 thread" in readme
+    assert "8 interleaved rounds" in readme and "Each of the 2 ranks computed with 1 thread" in readme
     assert re.search(r"!\[[^\]]*\]\(\.\./figures/[^)]*ablation_exposed_overhead\.png\)", readme)
 
 
 def test_every_comparison_is_a_paired_difference_with_its_interval(readme):
     # Copy's difference from the default changes sign from round to round: its interval holds zero.
     assert ("gradient views off: bucketed-25MB-copy and bucketed-25MB are indistinguishable here "
-            "(bucketed-25MB-copy − bucketed-25MB per round: +2.00 ms, 95% interval -1.00 to 4.00 ms)") in readme
+            "(bucketed-25MB-copy − bucketed-25MB per round: 2.00 ms, 95% interval -1.00 to 4.00 ms)") in readme
     # No-first is 9 ms longer in every round: stated with its sign.
-    assert ("first-bucket cap off: bucketed-25MB-no-first's step is 9.00 ms longer than bucketed-25MB's (median of "
-            "per-round differences +9.00 ms, 95% interval 9.00 to 9.00 ms)") in readme
+    assert ("first-bucket cap off: bucketed-25MB-no-first's step is 9.00 ms longer than bucketed-25MB's (per-round "
+            "median, 95% interval 9.00 to 9.00 ms)") in readme
     # Copy − torch DDP runs from -5 to 0 ms: an interval that reaches zero does not exclude it.
-    assert ("Against torch DDP, round by round (table above): shorter: bucketed-25MB-no-reorder, bucketed-25MB, "
-            "bucketed-25MB-bf16 and bucketed-auto; longer: per-parameter, bucketed-25MB-plain and "
-            "bucketed-25MB-no-first; indistinguishable here: bucketed-25MB-copy.") in readme
-    # No threshold language, no ratios of medians.
-    assert "holds" not in readme and "goal" not in readme and "/ torch DDP's" not in readme
+    assert ("shorter: bucketed-25MB-no-reorder, bucketed-25MB, bucketed-25MB-bf16, bucketed-auto; longer: "
+            "per-parameter, bucketed-25MB-plain, bucketed-25MB-no-first; not resolved: bucketed-25MB-copy.") in readme
+    # 8 against torch DDP + 4 levers + bf16; all resolve but copy against torch DDP and against the default.
+    assert "This page makes 13 paired comparisons; 11 of them resolve" in readme
+    assert "holds" not in readme.split("## Machine")[-1] and "/ torch DDP's" not in readme
 
 
 def test_the_first_bucket_lever_is_read_from_the_buckets_built(readme):
-    head_mb = 4 * 10000 * 64 / MB
-    assert (f"the first bucket is {(4 * 10000 * 64 + 4) / MB:.2f} MB holding `lm_head.weight` (the output layer, "
-            f"10000 × 64, {head_mb:.2f} MB) alone") in readme
-    assert ("So the lever does not make a small first bucket for this model: the first parameter alone is above the "
-            "1 MB cap.") in readme
-    assert "instead of also waiting for the next 2 gradients" in readme
-    assert "capped small" not in readme
+    assert (f"the first bucket is {(4 * 10000 * 64 + 4) / MB:.2f} MB holding 1 parameter (`lm_head.weight`); with "
+            "it off,") in readme
+    assert "the first parameter alone is above the 1 MB cap" in readme
+    assert "without waiting for the next 2 gradients" in readme
 
 
 def test_bf16_error_is_reported_from_the_record(readme):
     eps = torch.finfo(torch.bfloat16).eps  # 2**-7: 8 significant bits
-    assert f"It keeps 8 significant bits, so each rounding to it is off by up to {eps / 2:.3%} of the value" in readme
+    assert f"bfloat16 keeps 8 significant bits, so each rounding to it is off by up to {eps / 2:.3%} of the value" in readme
     assert f"the bfloat16 average differs from the float32 one by {BF16_ERROR:.3%} (relative L2 error)" in readme
-    assert "last bits" not in readme
+    # Medians: per-parameter 130, plain 128, no-first 125, torch 120, auto 119, copy 118, no-reorder 117, default 116.
+    assert "one of 11 resolved differences among 13 comparisons, and it is taken against bucketed-25MB, number 8 " \
+           "from the slowest of the 9 communicating variants" in readme
+
+
+def test_a_lone_resolved_bf16_difference_says_it_is_alone_and_against_the_slowest(tmp_path):
+    """The review's case: bf16 − default resolves, nothing else does, and the default is the slowest variant."""
+    wobble = [0.008, -0.008, 0.008, -0.008, 0.0, 0.0, 0.008, -0.008]  # both signs: unresolved against torch DDP
+    steps = {name: 0.120 for name in ABLATION_VARIANTS if name != COMPUTE_ONLY}
+    steps |= {"bucketed-25MB": 0.125, "bucketed-25MB-bf16": 0.115}
+    text = render(tmp_path, records=ablation_records(steps, {"bucketed-25MB": wobble, "bucketed-25MB-bf16": wobble}))
+    assert "bucketed-25MB-bf16's step is 10.0 ms shorter than bucketed-25MB's" in text
+    assert ("It is the only resolved difference among the 13 comparisons, and it is taken against bucketed-25MB, the "
+            "slowest of the 9 communicating variants by median step.") in text
+
+
+def test_noise_in_the_last_bits_changes_neither_the_page_nor_the_figure(tmp_path):
+    exact, noisy = render(tmp_path, "a"), render(tmp_path, "b", ablation_records(scale=1 + 1e-12))
+    assert exact == noisy
+    a, b = output_files(tmp_path / "a" / "writeup"), output_files(tmp_path / "b" / "writeup")
+    assert a == b and any(name.startswith("figures/") for name in a)
 
 
 def test_the_main_ddp_step_run_is_not_read_as_an_ablation(tmp_path):
@@ -176,12 +194,12 @@ def test_the_main_ddp_step_run_is_not_read_as_an_ablation(tmp_path):
     records = [r for r in ablation_records() if r.variant in (COMPUTE_ONLY, "per-parameter")]
     write_results(results_path(StepRecord.KIND, TAG, root=root),
                   ResultsFile(StepRecord.KIND, environment(), to_json(StepSetting()), records))
-    readme = render_writeup(root, tmp_path / "out", sections=SECTIONS).text()
+    readme = render_writeup(root, tmp_path / "out", pages=PAGES).text()
     assert "### Machine" not in readme  # no ablation run, so nothing measured
-    assert "Lever ablation (`scripts/bench_ddp.py --ablation`), gloo on CPU (`gloo`): **not measured here**" in readme
+    assert "Not measured here: the lever ablation on gloo on CPU, NCCL on GPUs" in readme
 
 
 def test_missing_results_say_not_measured_with_the_command(tmp_path):
-    readme = render_writeup(tmp_path / "none", tmp_path / "out", sections=SECTIONS).text()
-    assert "**not measured here**" in readme and "`make bench`" in readme and "`make bench-gpu`" in readme
+    readme = render_writeup(tmp_path / "none", tmp_path / "out", pages=PAGES).text()
+    assert "Not measured here: the lever ablation on gloo on CPU, NCCL on GPUs" in readme
     assert not re.search(r"\d+\.\d+ ms", readme)

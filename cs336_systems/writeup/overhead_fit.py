@@ -9,7 +9,9 @@ machine that renders them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from cs336_systems.bench.allreduce.record import AllReduceRecord
 from cs336_systems.ddp.overhead_model import FitIntervals, bootstrap_latency_bandwidth
@@ -20,11 +22,26 @@ from cs336_systems.writeup.load import MachineResults
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 DIGITS = 4  # far more than the page shows (3) and far fewer than the float noise between CPUs (~15)
+INPUT_DIGITS = 9  # measured times keep microseconds of a second-long step, not the last bits of a float
 
 
-def settled(value: float) -> float:
-    """``value`` to :data:`DIGITS` significant digits: what is shown or drawn never carries float noise."""
-    return float(f"{value:.{DIGITS}g}")
+def settled(value: float, digits: int = DIGITS) -> float:
+    """``value`` to ``digits`` significant digits: what is shown or drawn never carries float noise."""
+    return float(f"{value:.{digits}g}")
+
+
+def settle(obj: Any, digits: int = INPUT_DIGITS) -> Any:
+    """A record (dataclass, list, dict) with every float settled: the same page from noisy copies of it."""
+    if isinstance(obj, float):
+        return settled(obj, digits)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(settle(x, digits) for x in obj)
+    if isinstance(obj, dict):
+        return {k: settle(x, digits) for k, x in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: settle(getattr(obj, f.name), digits)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
 
 
 @dataclass(frozen=True)
@@ -58,7 +75,7 @@ def machine_fits(machine: MachineResults) -> list[GroupFit]:
     """Every line of the machine's all-reduce runs, the first run's where two runs share one."""
     fits: dict[CommGroup, GroupFit] = {}
     for results in machine.runs(AllReduceRecord.KIND):
-        for group, records in comm_groups(results.records).items():
+        for group, records in comm_groups(settle(results.records)).items():
             if group not in fits:
                 fits[group] = fit_with_intervals(group, records)
     return list(fits.values())

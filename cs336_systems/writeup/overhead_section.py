@@ -22,7 +22,7 @@ from cs336_systems.writeup.ddp_analysis import (STEP_KIND, OverheadPrediction, b
                                                 largest_parameter_bytes, predict_overhead, step_runs)
 from cs336_systems.writeup.figures import error_bars, save
 from cs336_systems.writeup.load import MachineResults, ResultsFile
-from cs336_systems.writeup.overhead_fit import FIT_HEADERS, fit_row, machine_fits, settled, w_gap
+from cs336_systems.writeup.overhead_fit import FIT_HEADERS, fit_row, machine_fits, settle, settled, w_gap
 
 RATIO_BAND = 0.30  # predicted / measured within 1 ± this counts as the model holding
 WORKLOAD_KEYS = ("model_size", "context_length", "global_batch")  # what a profile must share with a step run
@@ -37,7 +37,7 @@ def profiled_backward(machine: MachineResults, results: ResultsFile) -> tuple[fl
                 env.backend, env.device_type, env.world_size) or any(
                 f.setting.get(k) != results.setting.get(k) for k in WORKLOAD_KEYS):
             continue
-        seconds = {r.variant: settled(statistics.median(t.backward_us for t in r.timelines) * 1e-6) for r in f.records}
+        seconds = {r.variant: statistics.median(t.backward_us for t in r.timelines) * 1e-6 for r in settle(f.records)}
         if "naive" in seconds:
             return seconds["naive"], seconds.get("per-parameter"), f.source
     return None
@@ -98,7 +98,8 @@ def _prediction(ctx: RenderContext, machine: MachineResults, results: ResultsFil
                if env.device_type == "cuda" else coverage.CPU.command, why=None, p=None)
     g = next((g for g in machine_fits(machine) if (g.group.backend, g.group.device_type, g.group.world_size,
               g.group.shared_gpu) == (env.backend, env.device_type, env.world_size, env.shared_gpu)), None)
-    n_parameters, sweep = results.notes.get("n_parameters"), bucket_sweep(results.records)
+    records = settle(results.records)
+    n_parameters, sweep = results.notes.get("n_parameters"), bucket_sweep(records)
     if env.world_size == 1 or g is None or isinstance(g.fit, str) or not n_parameters or not sweep:
         return {**out, "why": "one rank" if env.world_size == 1 else "no fit" if g is None else
                 g.fit if isinstance(g.fit, str) else "no sweep"}
@@ -111,8 +112,8 @@ def _prediction(ctx: RenderContext, machine: MachineResults, results: ResultsFil
              fmt.ms(row.record.median_sync_s), f"{fmt.ms(row.channel_s)} ({fmt.ms_interval(row.channel_range_s)})",
              f"{fmt.ms(row.record.exposed_overhead_s)} ({fmt.ms_interval(row.record.exposed_overhead_ci95_s)})"]
             for row in p.rows]
-    flat, threads = by_variant(results.records).get("flat"), results.notes.get("threads_per_rank")
-    path = overhead_figure(p, by_variant(results.records).get(TORCH_DDP), f"overhead model vs bucket sweep on "
+    flat, threads = by_variant(records).get("flat"), results.notes.get("threads_per_rank")
+    path = overhead_figure(p, by_variant(records).get(TORCH_DDP), f"overhead model vs bucket sweep on "
                            f"{machine.tag}", ctx.figure_path(f"{machine.tag}_{results.name}_overhead_model.png"))
     size = lambda row: fmt.size_mb(row.record.bucket_size_mb)  # noqa: E731
     return {**out, "p": p, "fit": g.fit, "iv": g.intervals, "p_max": p_max, "backward": backward,

@@ -11,7 +11,7 @@ others recorded.
 from __future__ import annotations
 
 from cs336_systems.writeup import fmt, templating
-from cs336_systems.writeup.ablation_section import ablation_section
+from cs336_systems.writeup.ablation_section import ablation_page
 from cs336_systems.writeup.allreduce_section import allreduce_section
 from cs336_systems.writeup.communication_accounting_section import communication_accounting_page
 from cs336_systems.writeup.context import Page, PageFn, RenderContext, SectionFn, details_link
@@ -76,7 +76,7 @@ PAGES: list[PageFn] = [
              ("naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking",
               "ddp_overlap_individual_parameters_benchmarking", "ddp_bucketed_benchmarking")),
     overhead_page,
-    _pending("ablation", (ablation_section,), ()),
+    ablation_page,
     _pending("auto_bucket", (family_section,), ()),
     communication_accounting_page,
     sharding_page,
