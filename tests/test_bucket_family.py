@@ -21,7 +21,7 @@ from cs336_systems.results.kinds import read_any
 from cs336_systems.results.paths import results_path
 from cs336_systems.results.schema import to_json
 from cs336_systems.writeup import render_writeup
-from cs336_systems.writeup.family_section import family_section
+from cs336_systems.writeup.family_section import family_page
 from scripts import bench_bucket_family
 
 from .step_records import records_from_measured
@@ -66,24 +66,34 @@ def planted_record(name: str, auto_offset: float, same: bool) -> FamilyRecord:
     )
 
 
-def render(tmp_path: Path, models: dict[str, tuple[float, bool]]) -> str:
+def render(tmp_path: Path, models: dict[str, tuple[float, bool]], scale: float = 1.0) -> str:
+    """The page from planted records whose times are all multiplied by ``scale``, rendered twice alike."""
     root = tmp_path / "results"
     records = [planted_record(name, *planted) for name, planted in models.items()]
+    for r in records:
+        for s in r.steps:
+            s.step_times_s[:] = [t * scale for t in s.step_times_s]
     setting = FamilySetting(models=tuple(models), rounds=ROUNDS)
     write_results(results_path("bucket_family", TAG, root=root),
                   ResultsFile("bucket_family", environment(), to_json(setting), records, {"threads_per_rank": 1}))
-    first = render_writeup(root, tmp_path / "a", sections=[family_section]).text()
-    second = render_writeup(root, tmp_path / "b", sections=[family_section]).text()
+    first = render_writeup(root, tmp_path / "a", pages=[family_page]).text()
+    second = render_writeup(root, tmp_path / "b", pages=[family_page]).text()
     assert first == second
     return first
 
 
+def cells(text: str, model: str) -> list[str]:
+    """The results table's row of ``model`` (the last table naming it)."""
+    row = [line for line in text.splitlines() if line.startswith(f"| `{model}` |")][-1]
+    return [c.strip() for c in row.split("|")[1:-1]]
+
+
 def test_each_models_verdict_follows_its_interval(tmp_path):
     text = render(tmp_path, PLANTED)
-    assert "`few-huge`: bucketed-auto and bucketed-25MB are indistinguishable here" in text
-    assert "Auto kept the same buckets as 25 MB" in text.split("`few-huge`: ")[1].split("\n")[0]
-    assert "`many-small`: bucketed-auto's step is 10.0 ms shorter than bucketed-25MB's" in text
-    assert "`torch-encoder`: bucketed-auto's step is 20.0 ms longer than bucketed-25MB's" in text
+    assert cells(text, "few-huge")[-1] == "indistinguishable here (same buckets)"
+    many, encoder = cells(text, "many-small"), cells(text, "torch-encoder")
+    assert many[-2].startswith("-10.0 (") and many[-1] == "bucketed-auto faster"
+    assert encoder[-2].startswith("+20.0 (") and encoder[-1] == "bucketed-auto slower"
     assert "Auto is slower than 25 MB beyond the noise on `torch-encoder`." in text
     assert ("Auto kept 25 MB's layout on 1 of the 3 models (`few-huge`): no other layout beat it in every tuning "
             "round, or no other layout existed.") in text
@@ -95,16 +105,20 @@ def test_the_summary_says_when_auto_never_loses(tmp_path):
             in text)
 
 
+def test_noise_in_the_last_bits_does_not_change_the_page(tmp_path):
+    assert render(tmp_path / "exact", PLANTED) == render(tmp_path / "noisy", PLANTED, 1 + 1e-12)
+
+
 def test_the_setting_and_the_shapes_are_stated(tmp_path):
     text = render(tmp_path, PLANTED)
-    assert "1 compute thread per rank" in text and f"{ROUNDS} interleaved rounds" in text
+    assert f"{ROUNDS} interleaved rounds" in text
     assert "The 2 ranks × 1 thread fill the 2 cores" in text
     assert FAMILY["few-huge"].shape in text and "| 4.00 | 1.00 |" in text  # s and the largest parameter, in MB
 
 
 def test_no_results_say_not_measured_with_the_command(tmp_path):
-    text = render_writeup(tmp_path / "none", tmp_path / "out", sections=[family_section]).text()
-    assert "**not measured here**; `make bench`" in text
+    text = render_writeup(tmp_path / "none", tmp_path / "out", pages=[family_page]).text()
+    assert "Not measured here: the family on gloo on CPU, NCCL on GPUs" in text
 
 
 def test_a_batch_that_does_not_split_is_refused_before_any_start():

@@ -24,7 +24,7 @@ from cs336_systems.writeup.ddp_sections import (
     overlap_benchmarking_section,
 )
 from cs336_systems.writeup.doctor_section import doctor_page
-from cs336_systems.writeup.family_section import family_section
+from cs336_systems.writeup.family_section import family_page
 from cs336_systems.writeup.fsdp_section import fsdp_page
 from cs336_systems.writeup.load import MachineResults
 from cs336_systems.writeup.overhead_section import overhead_page
@@ -77,7 +77,7 @@ PAGES: list[PageFn] = [
               "ddp_overlap_individual_parameters_benchmarking", "ddp_bucketed_benchmarking")),
     overhead_page,
     ablation_page,
-    _pending("auto_bucket", (family_section,), ()),
+    family_page,
     communication_accounting_page,
     sharding_page,
     fsdp_page,
