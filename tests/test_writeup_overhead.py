@@ -100,7 +100,7 @@ def test_the_page_predicts_each_size_from_its_buckets_and_the_profiled_backward(
     low, high = map(float, re.search(r"\$o\$ = 2000 µs \(95% interval (\S+) to (\S+) µs\)", text).groups())
     assert 1960 <= low <= 2000 <= high <= 2040
     assert "| gloo (cpu), 2 ranks | 0.0625, 1, 16 | 2000 (" in text and "| 1.000 |" in text  # relative R² of a line
-    assert "the point lies on the line" in text  # w above every algbw, all from o
+    assert "On 1 line (gloo (cpu), 2 ranks) the fitted $w$ lies above every algbw" in text  # a line with o > 0
     # 0.5 MB: 3 ms predicted against 4 ms measured (0.75×, inside); 100 MB: 6 against 10 ms (0.6×, outside).
     assert "runs from 0.600× to 0.750×: outside ±30% at 100 MB (0.600×)" in text
     # Nothing hidden: n_b o + s / w = 4 x 2 + 4 = 12 ms against 10 ms measured, and 2 + 4 = 6 against 12 ms.

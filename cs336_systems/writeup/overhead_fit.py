@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from cs336_systems.bench.allreduce.record import AllReduceRecord
 from cs336_systems.ddp.overhead_model import FitIntervals, bootstrap_latency_bandwidth
 from cs336_systems.writeup import fmt
@@ -28,6 +30,11 @@ INPUT_DIGITS = 9  # measured times keep microseconds of a second-long step, not 
 def settled(value: float, digits: int = DIGITS) -> float:
     """``value`` to ``digits`` significant digits: what is shown or drawn never carries float noise."""
     return float(f"{value:.{digits}g}")
+
+
+def drawn_ms(seconds) -> np.ndarray:
+    """Seconds as the milliseconds a figure draws: settled."""
+    return np.array([settled(v * 1e3) for v in seconds])
 
 
 def settle(obj: Any, digits: int = INPUT_DIGITS) -> Any:
@@ -95,19 +102,3 @@ def fit_row(g: GroupFit) -> list:
 
 FIT_HEADERS = ["all-reduce line", "payloads fitted (MB)", "o (µs), 95% interval", "w (GB/s), 95% interval",
                "R² (relative residuals)", "highest measured algbw (GB/s)"]
-
-
-def w_gap(g: GroupFit) -> dict | None:
-    """Why the fitted ``w`` lies above every measured algbw, in numbers; None where it does not."""
-    if isinstance(g.fit, str):
-        return None
-    best, w = max(g.records, key=lambda r: r.algbw_gbps), g.fit.w_bytes_per_s
-    if w <= best.algbw_gbps * 1e9:
-        return None
-    on_line = g.fit.o_s + best.payload_bytes / w  # what the line says the best payload takes
-    line_algbw = best.payload_bytes / on_line
-    largest, below = g.records[-1], g.records[-2]
-    grown = largest.median_s - below.median_s
-    return dict(label=g.group.label, w=w, best=best, line_algbw=line_algbw, on_line=on_line,
-                from_o=max((w - line_algbw) / (w - best.algbw_gbps * 1e9), 0.0),
-                marginal=(largest.payload_bytes - below.payload_bytes) / grown if grown > 0 else None)

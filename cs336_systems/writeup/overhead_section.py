@@ -22,7 +22,7 @@ from cs336_systems.writeup.ddp_analysis import (STEP_KIND, OverheadPrediction, b
                                                 largest_parameter_bytes, predict_overhead, step_runs)
 from cs336_systems.writeup.figures import error_bars, save
 from cs336_systems.writeup.load import MachineResults, ResultsFile
-from cs336_systems.writeup.overhead_fit import FIT_HEADERS, fit_row, machine_fits, settle, settled, w_gap
+from cs336_systems.writeup.overhead_fit import FIT_HEADERS, fit_row, machine_fits, settle, drawn_ms as _ms
 
 RATIO_BAND = 0.30  # predicted / measured within 1 ± this counts as the model holding
 WORKLOAD_KEYS = ("model_size", "context_length", "global_batch")  # what a profile must share with a step run
@@ -49,10 +49,6 @@ def _band(pairs: list[tuple[float, float]]) -> dict | None:
                           outside=[(size, v) for size, v in pairs if abs(v - 1) > RATIO_BAND])
 
 
-def _ms(values) -> np.ndarray:
-    return np.array([settled(v * 1e3) for v in values])
-
-
 def overhead_figure(p: OverheadPrediction, torch_ddp, title: str, path: Path) -> Path:
     """Measured exposed overhead and wait against the bucket cap, beside the recursion, the closed form
     and the channel's busy time (bars: 95% intervals), torch's DDP at 25 MB; every value settled."""
@@ -68,15 +64,13 @@ def overhead_figure(p: OverheadPrediction, torch_ddp, title: str, path: Path) ->
     exposed = _ms(r.exposed_overhead_s for r in records)
     ax.errorbar(x, exposed, yerr=bars(exposed, [r.exposed_overhead_ci95_s for r in records]), fmt="o", capsize=3,
                 color="black", label="measured exposed overhead (step − compute-only; bars: 95% interval)")
-    waits = [(xi, r.median_sync_s) for xi, r in zip(x, records) if r.median_sync_s is not None]
-    if waits:
-        ax.plot([a for a, _ in waits], _ms(b for _, b in waits), "s", color="tab:gray", label="measured wait after backward")
-    predicted = [(xi, row.wait_s) for xi, row in zip(x, p.rows) if row.wait_s is not None]
-    if predicted:
-        ax.plot([a for a, _ in predicted], _ms(b for _, b in predicted), "^-", color="tab:red",
-                label="predicted wait (recursion, buckets as built)")
-    ax.plot(x, _ms(row.closed_form_s for row in p.rows), "v", color="tab:red", fillstyle="none",
-            label="closed form o n_b + s/(w n_b) at the buckets built")
+    for values, marker, style, label in (
+            ([r.median_sync_s for r in records], "s", dict(color="tab:gray"), "measured wait after backward"),
+            ([row.wait_s for row in p.rows], "^-", dict(color="tab:red"), "predicted wait (recursion, buckets as built)"),
+            ([row.closed_form_s for row in p.rows], "v", dict(color="tab:red", fillstyle="none"),
+             "closed form o n_b + s/(w n_b) at the buckets built")):
+        shown = [(xi, v) for xi, v in zip(x, values) if v is not None]
+        ax.plot([a for a, _ in shown], _ms(v for _, v in shown), marker, label=label, **style)
     channel = _ms(row.channel_s for row in p.rows)
     ax.errorbar(x * 1.12, channel, yerr=bars(channel, [row.channel_range_s for row in p.rows]), fmt="x--", capsize=3,
                 color="tab:green", label="channel busy n_b o + s/w, nothing hidden (bars: o's and w's 95% intervals)")
@@ -117,7 +111,7 @@ def _prediction(ctx: RenderContext, machine: MachineResults, results: ResultsFil
                            f"{machine.tag}", ctx.figure_path(f"{machine.tag}_{results.name}_overhead_model.png"))
     size = lambda row: fmt.size_mb(row.record.bucket_size_mb)  # noqa: E731
     return {**out, "p": p, "fit": g.fit, "iv": g.intervals, "p_max": p_max, "backward": backward,
-            "smallest_payload_mb": g.records[0].payload_mb, "threads": threads,
+            "threads": threads,
             "cores_shared": env.device_type == "cpu" and bool(env.cpu_count and threads)
             and env.world_size * threads >= env.cpu_count,
             "n_slower": sum(p.backward_s >= row.channel_s for row in p.rows) if p.backward_s else None,
@@ -126,11 +120,6 @@ def _prediction(ctx: RenderContext, machine: MachineResults, results: ResultsFil
                             if row.wait_s is not None and row.record.median_sync_s]),
             "channel": _band([(size(row), row.channel_s / row.record.exposed_overhead_s) for row in p.rows
                               if row.record.exposed_overhead_s > 0]),
-            "missed": [dict(size=size(row), n_b=row.record.n_buckets, span=row.channel_range_s,
-                            measured=row.record.exposed_overhead_s,
-                            covered=row.channel_range_s[0] <= row.record.exposed_overhead_s <= row.channel_range_s[1])
-                       for row in p.rows if row.channel_range_s and row.record.exposed_overhead_s > 0
-                       and abs(row.channel_s / row.record.exposed_overhead_s - 1) > RATIO_BAND],
             "hidden": [row.record.exposed_overhead_s - row.record.median_sync_s for row in p.rows
                        if row.record.median_sync_s is not None],
             "behind": [(size(row), row.record.median_sync_s - row.wait_s) for row in p.rows
@@ -149,7 +138,8 @@ def _prediction(ctx: RenderContext, machine: MachineResults, results: ResultsFil
 def overhead_page(ctx: RenderContext) -> Page:
     fits = [dict(tag=m.tag, setting=fmt.setting_line(m.runs("allreduce")[0].environment, "`, `".join(
                  r.source for r in m.runs("allreduce"))), table=fmt.table(FIT_HEADERS, [fit_row(g) for g in gs]),
-                 gaps=[gap for gap in map(w_gap, gs) if gap], cpu_count=m.runs("allreduce")[0].environment.cpu_count)
+                 w_above=[g.group.label for g in gs if not isinstance(g.fit, str)
+                          and g.fit.w_bytes_per_s > max(r.algbw_gbps for r in g.records) * 1e9])
             for m in ctx.inputs.machines if m.runs("allreduce") for gs in [machine_fits(m)] if gs]
     runs = [_prediction(ctx, m, f) for m, f in step_runs(ctx.inputs)]
     missing = [s.name for s in coverage.note_gaps(ctx, "allreduce", "the fit of o and w (all-reduce benchmark)")
