@@ -1,8 +1,9 @@
-"""The writeup's all-reduce section, from small results files written with the benchmark's own writer.
+"""The writeup's all-reduce page and answer (and naive DDP's check), from small results files
+written with the benchmarks' own writers.
 
-Each test plants times whose reading is known (a line o + bytes/w, spreads that do or do not
-overlap, more ranks than cores, gloo ranks sharing a GPU) and checks the sentence and the
-numbers the section draws from them. Nothing spawns a process.
+Each test plants times whose reading is known (a line o + bytes/w, more ranks than cores, gloo
+ranks sharing a GPU, a wrong sum) and checks the numbers the rendered page and answer draw from
+them. Nothing spawns a process.
 """
 
 from __future__ import annotations
@@ -16,17 +17,11 @@ from cs336_systems.bench.allreduce import AllReduceRecord, GridPoint, measured_r
 from cs336_systems.results.environment import Environment
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.paths import results_path
-from cs336_systems.writeup.allreduce_analysis import (
-    comm_groups,
-    fit_group,
-    levels_off_at,
-    ranks_per_core,
-    spreads_overlap,
-    time_sharing_bound,
-)
-from cs336_systems.writeup.allreduce_section import allreduce_section
-from cs336_systems.writeup.context import RenderContext
-from cs336_systems.writeup.load import load_results
+from cs336_systems.writeup import render_writeup
+from cs336_systems.writeup.allreduce_analysis import comm_groups, fit_group, ranks_per_core, time_sharing_bound
+from cs336_systems.writeup.allreduce_section import allreduce_page
+from cs336_systems.writeup.naive_ddp_section import naive_ddp_page
+from cs336_systems.writeup.pages import machines_page
 
 pytestmark = pytest.mark.problem("distributed_communication_single_node")
 
@@ -70,115 +65,114 @@ def line_records(backend: str, device: str, world_sizes: list[int], shared: bool
             for ws in world_sizes for p in PAYLOADS]
 
 
-def section_for(tmp_path: Path, runs: dict[str, tuple[list[AllReduceRecord], Environment]]):
-    """Write one results file per machine tag with the benchmark's writer, and render the section."""
+def page_for(tmp_path: Path, runs: dict[str, tuple[list[AllReduceRecord], Environment]]) -> tuple[str, str]:
+    """Write one results file per machine tag with the benchmark's writer; (details page, answer), spaces folded."""
     root = tmp_path / "results"
     for tag, (records, env) in runs.items():
         write_results(results_path(AllReduceRecord.KIND, tag, root=root),
                       ResultsFile(AllReduceRecord.KIND, env, {"iters": 5, "warmup": 5}, records))
-    return allreduce_section(RenderContext(load_results(root), tmp_path / "out"))
+    out = render_writeup(root, tmp_path / "out", pages=[allreduce_page])
+    return " ".join(out.details[0].read_text().split()), " ".join(out.readme.read_text().split())
 
 
-def paragraph(markdown: str, start: str) -> str:
-    return next(p for p in markdown.split("\n\n") if p.startswith(start))
+def share(o_s: float, t_s: float) -> str:
+    """o / median as the table and answer write it: percent to 2 significant digits."""
+    return f"{100 * o_s / t_s:.2g}%"
 
 
 def test_table_rows_are_the_records_numbers(tmp_path):
     records = line_records("gloo", "cpu", [2, 4])
     skipped = skipped_record(GridPoint("gloo", "cpu", 4, 2**30, 5, 5), "budget: test skip", shared_gpu=False)
-    section = section_for(tmp_path, {TAG: (records + [skipped], environment(world_size=4))})
-    md = section.markdown
+    md, answer = page_for(tmp_path, {TAG: (records + [skipped], environment(world_size=4))})
     t = planted_s(MB, 2)
     busbw = MB / t / 1e9  # 2 ranks: busbw = algbw
-    assert f"| gloo | cpu | 2 | 1 | 5 | {t * 1e3:.3f} | {t * 1e3:.3f}–{t * 1e3:.3f} |" in md
-    assert f"| {busbw:.2f} | {busbw:.2f} | correct |" in md  # 3 significant digits
+    assert (f"| gloo | cpu | 2 | 1 | 5 | {t * 1e3:.3f} | {t * 1e3:.3f}–{t * 1e3:.3f} | {busbw:.2f} | {busbw:.2f} | "
+            f"{share(PLANTED_O_S, t)} | correct |") in md
     assert "| gloo | cpu | 4 | 1024 | 0 |" in md and "skipped: budget: test skip" in md
     assert "Test Xeon Processor (2 logical cores)" in md and "commit abcdef0" in md
-    assert "world sizes 2, 4" in md and "5 timed iterations asked per payload after 5 warm-up" in md
+    assert "world sizes 2, 4" in md and "5 timed iterations per payload after 5 warm-up" in md
     assert "1 torch thread per rank" in md and "All 6 measured settings reduced to the exact expected sums" in md
-    assert len(section.figures) == 1 and section.figures[0].is_file()
+    assert (tmp_path / "out" / "figures" / f"{TAG}_allreduce_allreduce.png").is_file()
     assert re.search(rf"!\[[^\]]*\]\(\.\./figures/{TAG}_allreduce_allreduce\.png\)", md)
-    assert "NCCL on GPUs" in md and "`make bench-gpu`" in md  # no GPU file: the gap is named
+    # The answer: one row per line, one column per payload; the gap named once, with a link.
+    assert f"| gloo (cpu), 2 ranks | {planted_s(64 * KB, 2) * 1e3:.3f} ms ·" in answer
+    assert "NCCL on GPUs" in answer and "machines.md#not-measured-here" in answer
+
+
+def test_the_answer_reads_the_per_call_cost_from_the_fit(tmp_path):
+    md, answer = page_for(tmp_path, {TAG: (line_records("gloo", "cpu", [2]), environment())})
+    small, large = planted_s(64 * KB, 2), planted_s(16 * MB, 2)
+    assert f"$o$ = {PLANTED_O_S * 1e6:.0f} µs is {share(PLANTED_O_S, small)} of the 0.0625 MB median" in answer
+    assert f"and {share(PLANTED_O_S, large)} of the 16 MB one" in answer
+    peak = 16 * MB / large / 1e9
+    assert f"0.0625 MB reaches a busbw of {64 * KB / small / 1e9:.3g} GB/s against the peak {peak:.3g} GB/s" in answer
 
 
 @pytest.mark.parametrize("cores, crowded", [(2, ["4", "6"]), (4, ["6"]), (8, [])])
 def test_more_ranks_than_cores_is_explained_from_the_core_count(tmp_path, cores, crowded):
     records = line_records("gloo", "cpu", [2, 4, 6], half_width=0.05)
-    md = section_for(tmp_path, {TAG: (records, environment(world_size=6, cpu_count=cores))}).markdown
-    text = paragraph(md, "For gloo on cpu")
+    md, answer = page_for(tmp_path, {TAG: (records, environment(world_size=6, cpu_count=cores))})
     ratio = planted_s(16 * MB, 6) / planted_s(16 * MB, 2)
-    assert f"going from 2 to 6 ranks multiplies the median time by {ratio:.2f}×" in text
-    assert "grow by 1.67×" in text  # the ring's 2(n−1)/n: 10/6 over 1
+    assert f"2 → 6 ranks multiplies the median time by {ratio:.2f}×" in answer
+    assert "grow by 1.67×" in answer  # the ring's 2(n−1)/n: 10/6 over 1
     if not crowded:
-        assert "outnumber" not in text and "queued" not in text
+        assert "outnumber" not in md + answer and "queued" not in answer
         return
     shares = " and ".join(f"{int(n) / cores:.3g}" for n in crowded)
     assert (f"With {' and '.join(crowded)} ranks on {cores} logical cores the ranks outnumber the cores "
-            f"({shares} ranks per core)") in text
+            f"({shares} ranks per core)") in md
     # Were each byte's work queued for the cores: ring factor x ranks per core, 6 ranks over 2.
     bound = (2 * 5 / 6 * max(1, 6 / cores)) / (2 * 1 / 2 * max(1, 2 / cores))
-    assert f"the time would grow by {bound:.2f}×" in text
+    assert f"the time would grow by {bound:.2f}×" in answer
 
 
 @pytest.mark.parametrize("slowdown, reading", [
-    (1.2, "is below even the ring's factor"),  # under 10/6
-    (3.4, "lies between the two"),  # the committed CPU run's 3.40× at 100 MB
-    (6.0, "exceeds both"),  # over (10/6) x 3 = 5
+    (1.2, "below even the ring's factor"),  # under 10/6
+    (3.4, "between the two"),  # the committed CPU run's 3.26× at 100 MB lies here too
+    (6.0, "above both"),  # over (10/6) x 3 = 5
 ])
 def test_time_growth_is_read_against_the_ring_and_the_shared_cores(tmp_path, slowdown, reading):
     records = line_records("gloo", "cpu", [2], half_width=0.05) + [
         record("gloo", "cpu", 6, p, spread(planted_s(p, 2) * slowdown, 0.05)) for p in PAYLOADS]
-    text = paragraph(section_for(tmp_path, {TAG: (records, environment(world_size=6))}).markdown, "For gloo on cpu")
-    assert "the time would grow by 5.00×" in text and f"the measured {slowdown:.2f}× {reading}" in text
-
-
-def test_medians_inside_each_others_spread_are_indistinguishable(tmp_path):
-    # 2 and 6 ranks 10% apart with ±40% spreads: the p10–p90 ranges overlap at every payload.
-    records = line_records("gloo", "cpu", [2], half_width=0.5) + [
-        record("gloo", "cpu", 6, p, spread(planted_s(p, 2) * 1.1, 0.5)) for p in PAYLOADS]
-    text = paragraph(section_for(tmp_path, {TAG: (records, environment(world_size=6))}).markdown, "For gloo on cpu")
-    assert "going from 2 to 6 ranks leaves the time indistinguishable here" in text
-    assert "multiplies the median time" not in text
-
-
-def test_bandwidth_levels_off_where_the_spreads_meet_the_peak(tmp_path):
-    # 1 and 16 MB at the same 1 GB/s (±4% spreads overlap); 64 KB far below it.
-    times = {64 * KB: 1e-3, MB: MB / 1e9, 16 * MB: 16 * MB / 1e9}
-    rising = [record("gloo", "cpu", 4, p, spread(planted_s(p, 4))) for p in PAYLOADS]
-    flat = [record("gloo", "cpu", 2, p, spread(t, 0.05)) for p, t in times.items()]
-    text = paragraph(section_for(tmp_path, {TAG: (flat + rising, environment(world_size=4))}).markdown, "For gloo")
-    assert "indistinguishable here from its line's peak (the busbw ranges overlap) from 1 MB with 2 ranks on" in text
-    assert "With 4 ranks busbw is still rising at the largest payload measured" in text
+    _, answer = page_for(tmp_path, {TAG: (records, environment(world_size=6))})
+    assert f"multiplies the median time by {slowdown:.2f}×" in answer
+    assert f"the time would grow by 5.00×, so the measured growth lies {reading}" in answer
 
 
 def test_gpu_rows_say_gloo_stages_through_the_host_and_ranks_share_the_gpu(tmp_path):
     gpu = line_records("nccl", "cuda", [2]) + line_records("gloo", "cuda", [4], shared=True)
     env = environment("cuda", "nccl,gloo", 4, gpu_count=2)
-    md = section_for(tmp_path, {TAG: (line_records("gloo", "cpu", [2]), environment()),
-                                "2xtest-gpu": (gpu, env)}).markdown
+    md, answer = page_for(tmp_path, {TAG: (line_records("gloo", "cpu", [2]), environment()),
+                                     "2xtest-gpu": (gpu, env)})
     assert "Machine `2xtest-gpu`" in md and "2× Test GPU 80GB" in md
-    assert "| nccl | cuda | 2 |" in md and "| gloo | cuda (gloo ranks sharing one GPU) | 4 |" in md
-    assert "rows marked so: gloo ranks sharing one GPU" in md
-    assert "make bench-gpu" not in md  # NCCL was measured: no gap left
-    shared = paragraph(md, "For gloo on cuda (gloo ranks sharing one GPU)")
-    assert "pinned host memory" in shared and "bound by the host" in shared
-    assert "The 4 ranks of these lines take turns on 2 GPUs" in shared
-    assert "host" not in paragraph(md, "For nccl on cuda") and "take turns" not in paragraph(md, "For nccl on cuda")
-    assert "host" not in paragraph(md, "For gloo on cpu")
+    assert "| nccl | cuda | 2 |" in md and "| gloo | cuda (shared GPU) | 4 |" in md
+    assert "not-measured-here" not in answer  # NCCL was measured: no gap left
+    assert "**nccl on cuda.**" in answer and "**gloo on cuda (ranks sharing a GPU).**" in answer
+    assert md.count("pinned host memory") == 1 and "take turns on 2 GPUs" in md
 
 
 def test_wrong_results_are_flagged(tmp_path):
     records = line_records("gloo", "cpu", [2])
     records[1] = record("gloo", "cpu", 2, MB, spread(planted_s(MB, 2)), correct=False)
-    md = section_for(tmp_path, {TAG: (records, environment())}).markdown
+    md, _ = page_for(tmp_path, {TAG: (records, environment())})
     assert "**WRONG**" in md and "**Wrong reduced values** in gloo × 2 at 1 MB" in md
     assert "exact expected sums" not in md
 
 
 def test_no_results_names_both_gaps_with_their_commands(tmp_path):
-    section = allreduce_section(RenderContext(load_results(tmp_path / "none"), tmp_path / "out"))
-    assert "`make bench`" in section.markdown and "`make bench-gpu`" in section.markdown
-    assert not section.figures and not re.search(r"\d+\.\d+ ms", section.markdown)
+    out = render_writeup(tmp_path / "none", tmp_path / "out", pages=[allreduce_page, machines_page])
+    text = out.text()
+    assert "`make bench`" in text and "`make bench-gpu`" in text
+    assert not out.figures and not re.search(r"\d+\.\d+ ms", text)
+
+
+def test_the_naive_ddp_check_is_the_records_numbers(tmp_path):
+    from .test_writeup_ddp import build_results_tree
+
+    out = render_writeup(build_results_tree(tmp_path), tmp_path / "out", pages=[naive_ddp_page])
+    answer = " ".join(out.readme.read_text().split())
+    assert "parameters differ from single-process training by at most 2.20e-08, within the tolerance" in answer
+    assert "| naive | 2 |" in out.details[0].read_text()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,12 +194,7 @@ def test_fit_recovers_the_planted_line():
     assert "two distinct payload sizes" in fit_group(line_records("gloo", "cpu", [2])[:1])
 
 
-def test_noise_and_time_sharing_helpers():
-    a, b = record("gloo", "cpu", 2, MB, spread(1.0, 0.5)), record("gloo", "cpu", 2, MB, spread(1.5, 0.5))
-    c = record("gloo", "cpu", 2, MB, spread(3.0, 0.1))
-    assert spreads_overlap(a, b) and spreads_overlap(b, a) and not spreads_overlap(a, c)
-    peak, first = levels_off_at([a, c])
-    assert peak is a and first is a  # c is slower: a (the same bytes, less time) is the peak
+def test_time_sharing_helpers():
     assert ranks_per_core(6, 2) == 3 and ranks_per_core(2, 2) is None and ranks_per_core(4, None) is None
     assert time_sharing_bound(2, 6, 2) == pytest.approx(5.0)
     assert time_sharing_bound(2, 4, 8) == pytest.approx(1.5)  # enough cores: the ring's factor only

@@ -1,8 +1,7 @@
-"""Numbers derived from all-reduce records: plot lines (groups), noise, saturation, the o/w fit.
+"""Numbers derived from all-reduce records: plot lines (groups), ranks per core, the o/w fit.
 
-Pure functions over :class:`~cs336_systems.bench.allreduce.record.AllReduceRecord` lists; the
-all-reduce section and the overhead-model section turn them into text. Noise is judged by each
-record's own spread: two medians whose p10–p90 ranges overlap are not told apart.
+Pure functions over :class:`~cs336_systems.bench.allreduce.record.AllReduceRecord` lists, read
+by the all-reduce page, the step benchmark's page and the overhead model's.
 """
 
 from __future__ import annotations
@@ -35,31 +34,6 @@ def comm_groups(records: list[AllReduceRecord]) -> dict[CommGroup, list[AllReduc
         if r.measured:
             groups.setdefault(CommGroup(r.backend, r.device_type, r.world_size, r.shared_gpu), []).append(r)
     return {k: sorted(groups[k], key=lambda r: r.payload_bytes) for k in sorted(groups)}
-
-
-def spreads_overlap(a: AllReduceRecord, b: AllReduceRecord) -> bool:
-    """Whether the p10–p90 time ranges of two measured records overlap (their medians are then
-    indistinguishable here)."""
-    return a.p10_s <= b.p90_s and b.p10_s <= a.p90_s  # type: ignore[operator]
-
-
-def saturation_point(group: list[AllReduceRecord], within: float = 0.9) -> tuple[AllReduceRecord, AllReduceRecord]:
-    """(record with the peak busbw, smallest payload whose busbw is within ``within`` of that peak)."""
-    peak = max(group, key=lambda r: r.busbw_gbps)  # type: ignore[arg-type, return-value]
-    first = next(r for r in group if r.busbw_gbps >= within * peak.busbw_gbps)  # type: ignore[operator]
-    return peak, first
-
-
-def levels_off_at(group: list[AllReduceRecord]) -> tuple[AllReduceRecord, AllReduceRecord]:
-    """(record with the peak median busbw, smallest payload whose busbw range (at its p90 and
-    p10 times) overlaps the peak's): from there on, more bytes buy no bandwidth we can resolve."""
-    peak = max(group, key=lambda r: r.busbw_gbps)  # type: ignore[arg-type, return-value]
-    low, high = peak.busbw_range_gbps()
-    for r in group:
-        r_low, r_high = r.busbw_range_gbps()
-        if r_low <= high and low <= r_high:
-            return peak, r
-    return peak, peak
 
 
 def ranks_per_core(world_size: int, cores: int | None) -> float | None:
@@ -95,7 +69,7 @@ class LinkFit:
 def fit_group(group: list[AllReduceRecord]) -> LinkFit | str:
     """The least-squares fit, or why there is none."""
     try:
-        o, w, r2 = fit_latency_bandwidth([r.payload_bytes for r in group], [r.median_s for r in group])
+        o, w, r2 = fit_latency_bandwidth([r.payload_bytes for r in group], [r.median_s or 0.0 for r in group])
     except ValueError as e:
         return str(e)
     return LinkFit(o, w, r2, len(group))

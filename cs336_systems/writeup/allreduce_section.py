@@ -1,245 +1,120 @@
-"""Problem distributed_communication_single_node: the all-reduce benchmark's table, plot and reading.
+"""Problem distributed_communication_single_node: the all-reduce benchmark's numbers, table and plot.
 
-Every sentence is computed from a results file's records and environment. A difference between
-two medians is stated only when their p10–p90 ranges do not overlap; otherwise the text says
-"indistinguishable here". Where the setting explains a number (more ranks than cores, gloo
-staging GPU tensors through the host, ranks sharing a GPU), the text says so.
+Python computes; the words are in ``templates/answers/distributed_communication_single_node.md.j2``
+and ``templates/details/allreduce.md.j2``. The reading rests on medians and on the line
+``time = o + bytes / w`` fitted to each group (allreduce_analysis.py): ``o / median`` is the share
+of a payload's time that the per-call cost explains.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from cs336_systems.bench.allreduce.record import AllReduceRecord, bus_bandwidth_factor
 from cs336_systems.results.environment import Environment
-from cs336_systems.writeup import fmt
+from cs336_systems.writeup import fmt, templating
 from cs336_systems.writeup.allreduce_analysis import (
-    CommGroup,
-    comm_groups,
-    levels_off_at,
-    ranks_per_core,
-    spreads_overlap,
-    time_sharing_bound,
+    CommGroup, LinkFit, comm_groups, fit_group, ranks_per_core, time_sharing_bound,
 )
 from cs336_systems.writeup.allreduce_figure import allreduce_figure
-from cs336_systems.writeup.context import RenderContext, Section
-from cs336_systems.writeup.coverage import not_measured_notes
+from cs336_systems.writeup.context import Page, RenderContext, details_link
+from cs336_systems.writeup.coverage import note_gaps
 
 BENCHMARK = AllReduceRecord.KIND
-Groups = dict[CommGroup, list[AllReduceRecord]]
-
-METHOD = (
-    "Median time of one `all_reduce` of a float32 payload, with its spread, algbw = bytes / time and "
-    "busbw = algbw · 2(n−1)/n (nccl-tests' definitions), per backend, world size and payload. Each payload "
-    "first runs its warm-up iterations untimed; each timed iteration is a barrier, a device sync, the clock, "
-    "the all-reduce, a device sync and the clock, and its time is the slowest rank's (an all-reduce is over "
-    "when its last rank is). The reduced values of the first and last timed iterations are checked against "
-    "the closed-form sum over ranks. Two medians whose p10–p90 ranges overlap are called indistinguishable "
-    "here: no ranking is read into them."
-)
-HOST_COPY = (
-    "gloo does not reduce CUDA tensors on the GPU: without a GPUDirect transport (its TCP transport has none) "
-    "each all-reduce copies the payload into pinned host memory, runs gloo's CPU ring there and copies the "
-    "result back (`AsyncAllreduceCUDAHostWork` in PyTorch's `ProcessGroupGlooCuda.cpp`), so these bandwidths "
-    "are bound by the host's copies and CPU reduction, not by the GPUs' links"
-)
+PROBLEM = "distributed_communication_single_node"
 
 
-def _device_label(r: AllReduceRecord) -> str:
-    return f"{r.device_type} (gloo ranks sharing one GPU)" if r.shared_gpu else r.device_type
+@dataclass(frozen=True)
+class Line:
+    """One group (backend, device, ranks) with its records and its fitted per-call cost."""
+
+    group: CommGroup
+    records: list[AllReduceRecord]
+    o_s: float | None  # None: no fit, or a fit with a negative intercept
+
+    def o_share(self, r: AllReduceRecord) -> float | None:
+        return None if self.o_s is None or not r.median_s else self.o_s / r.median_s
 
 
-def allreduce_table(records: list[AllReduceRecord]) -> str:
+def _o(records: list[AllReduceRecord]) -> float | None:
+    fit = fit_group(records)
+    return fit.o_s if isinstance(fit, LinkFit) and fit.o_s > 0 else None
+
+
+def _table(lines: dict[CommGroup, Line], records: list[AllReduceRecord]) -> str:
     rows = []
     for r in sorted(records, key=lambda r: (r.backend, r.device_type, r.world_size, r.payload_bytes)):
-        head = [r.backend, _device_label(r), r.world_size, fmt.size_mb(r.payload_mb)]
+        head = [r.backend, r.device_type + (" (shared GPU)" if r.shared_gpu else ""), r.world_size,
+                fmt.size_mb(r.payload_mb)]
         if not r.measured:
             rows.append(head + ["0", "–", "–", "–", "–", "–", f"skipped: {r.skip_reason or 'no times'}"])
             continue
-        check = {True: "correct", False: "**WRONG**"}.get(r.correct, "unchecked")  # type: ignore[arg-type]
+        line = lines[CommGroup(r.backend, r.device_type, r.world_size, r.shared_gpu)]
+        check = "unchecked" if r.correct is None else "correct" if r.correct else "**WRONG**"
         rows.append(head + [r.timed_iters, fmt.ms(r.median_s), f"{fmt.ms(r.p10_s)}–{fmt.ms(r.p90_s)}",
-                            f"{fmt.ms(r.min_s)}–{fmt.ms(r.max_s)}", fmt.sig(r.algbw_gbps), fmt.sig(r.busbw_gbps),
-                            check])
-    headers = ["backend", "device", "ranks", "payload (MB)", "timed iters", "median (ms)", "p10–p90 (ms)",
-               "min–max (ms)", "algbw (GB/s)", "busbw (GB/s)", "result"]
-    return fmt.table(headers, rows, align="llrrrrrrrrl")
+                            fmt.sig(r.algbw_gbps), fmt.sig(r.busbw_gbps), fmt.pct(line.o_share(r), 2), check])
+    return fmt.table(["backend", "device", "ranks", "payload (MB)", "timed iters", "median (ms)", "p10–p90 (ms)",
+                      "algbw (GB/s)", "busbw (GB/s)", "o / median", "result"], rows, align="llrrrrrrrrl")
 
 
-def _spread_ms(r: AllReduceRecord) -> str:
-    return f"{fmt.ms(r.p10_s)}–{fmt.ms(r.p90_s)}"
+def _pivot(lines: list[Line]) -> str:
+    """Median time and busbw, one row per line and one column per payload."""
+    payloads = sorted({r.payload_bytes for line in lines for r in line.records})
+    rows = []
+    for line in lines:
+        by_payload = {r.payload_bytes: r for r in line.records}
+        rows.append([line.group.label] + [f"{fmt.ms(by_payload[p].median_s)} ms · {fmt.sig(by_payload[p].busbw_gbps)}"
+                                          if p in by_payload else "–" for p in payloads])
+    return fmt.table(["ranks", *(f"{fmt.size_mb(p / 2**20)} MB" for p in payloads)], rows)
 
 
-def _and(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+def _kind(lines: list[Line], env: Environment) -> dict:
+    """What the commentary of one backend and device reads: peak, per-call cost, growth with ranks."""
+    peak = max((r for line in lines for r in line.records), key=lambda r: r.busbw_gbps or 0.0)
+    first, last = lines[0], lines[-1]
+    common = {r.payload_bytes for r in first.records} & {r.payload_bytes for r in last.records}
+    ranks = None
+    if len(lines) > 1 and common:
+        a = next(r for r in first.records if r.payload_bytes == max(common))
+        b = next(r for r in last.records if r.payload_bytes == max(common))
+        n0, n1, cores = first.group.world_size, last.group.world_size, env.cpu_count
+        bound = (time_sharing_bound(n0, n1, cores)
+                 if first.group.device_type == "cpu" and cores and n1 > cores else None)
+        ratio = (b.median_s or 0.0) / (a.median_s or 1.0)
+        ring = bus_bandwidth_factor(n1) / bus_bandwidth_factor(n0)
+        ranks = dict(a=a, b=b, ratio=ratio, ring=ring, bound=bound,
+                     reading="below" if ratio < ring else "between" if bound is None or ratio <= bound else "above")
+    crowded = [(line.group.world_size, ranks_per_core(line.group.world_size, env.cpu_count)) for line in lines]
+    return dict(group=first.group, lines=lines, peak=peak, ranks=ranks, cores=env.cpu_count, gpus=env.gpu_count,
+                crowded=[(n, share) for n, share in crowded if share is not None])
 
 
-def _saturation_sentence(kind: str, groups: Groups) -> str:
-    peak = max((r for rs in groups.values() for r in rs), key=lambda r: r.busbw_gbps)  # type: ignore[arg-type]
-    low, high = peak.busbw_range_gbps()
-    reached, rising = [], []
-    for group, records in groups.items():
-        _, first = levels_off_at(records)
-        if len(records) > 1 and first is records[-1]:
-            rising.append(str(group.world_size))
-        else:
-            reached.append(f"{fmt.size_mb(first.payload_mb)} MB with {group.world_size} ranks")
-    sentence = (f"For {kind}, the highest busbw measured is {fmt.sig(peak.busbw_gbps)} GB/s ({peak.world_size} ranks, "
-                f"{fmt.size_mb(peak.payload_mb)} MB; {fmt.sig(low)}–{fmt.sig(high)} GB/s at its p90 and p10 times).")
-    if reached:
-        sentence += (" Busbw is indistinguishable here from its line's peak (the busbw ranges overlap) from "
-                     + _and(reached) + " on: past that size the bytes, not the cost per call, set the time.")
-    if rising:
-        lines = "that line" if len(rising) == 1 else "those lines"
-        sentence += (f" With {_and(rising)} ranks busbw is still rising at the largest payload measured, so {lines} "
-                     "may not have reached the rate the links allow.")
-    return sentence
-
-
-def _fixed_cost_sentence(groups: Groups) -> str | None:
-    group, records = next(iter(groups.items()))
-    if len(records) < 2:
-        return None
-    small, next_ = records[0], records[1]
-    bytes_ratio = next_.payload_bytes / small.payload_bytes
-    head = (f"With {group.world_size} ranks, going from {fmt.size_mb(small.payload_mb)} to "
-            f"{fmt.size_mb(next_.payload_mb)} MB ({fmt.ratio(bytes_ratio)} the bytes)")
-    if spreads_overlap(small, next_):
-        return (f"{head} leaves the time indistinguishable here ({_spread_ms(small)} against {_spread_ms(next_)} ms, "
-                "p10–p90): at these sizes a fixed cost per call, not the bytes, sets the time.")
-    time_ratio = next_.median_s / small.median_s  # type: ignore[operator]
-    sentence = (f"{head} changes the median time from {fmt.ms(small.median_s)} to {fmt.ms(next_.median_s)} ms "
-                f"({fmt.ratio(time_ratio)})")
-    # Time growing far slower than bytes means a fixed cost per call dominates those payloads.
-    if time_ratio < bytes_ratio / 2:
-        sentence += ": at these sizes the cost per call, not the bytes, sets the time"
-    return sentence + "."
-
-
-def _oversubscription_sentence(groups: Groups, env: Environment) -> str | None:
-    crowded = [(g.world_size, ranks_per_core(g.world_size, env.cpu_count)) for g in groups]
-    crowded = [(n, share) for n, share in crowded if share is not None]
-    if not crowded:
-        return None
-    sizes = _and([str(n) for n, _ in crowded])
-    shares = _and([f"{share:.3g}" for _, share in crowded])
-    return (f"With {sizes} ranks on {env.cpu_count} logical cores the ranks outnumber the cores "
-            f"({shares} ranks per core): they take turns on the cores, so each rank's share of the ring's work "
-            "also waits for a core, and time grows with ranks beyond the core count on top of the ring's bytes.")
-
-
-def _world_size_sentence(groups: Groups, env: Environment) -> str | None:
-    if len(groups) < 2:
-        return None
-    by_size = [{r.payload_bytes: r for r in rs} for rs in groups.values()]
-    common = set.intersection(*(set(d) for d in by_size))
-    if not common:
-        return None
-    payload = max(common)
-    first, last = list(groups)[0], list(groups)[-1]
-    a, b = by_size[0][payload], by_size[-1][payload]
-    ring = bus_bandwidth_factor(last.world_size) / bus_bandwidth_factor(first.world_size)
-    head = f"At {fmt.size_mb(a.payload_mb)} MB, going from {first.world_size} to {last.world_size} ranks"
-    if spreads_overlap(a, b):
-        return (f"{head} leaves the time indistinguishable here ({_spread_ms(a)} against {_spread_ms(b)} ms, "
-                f"p10–p90), although the bytes each rank sends in a ring grow by {fmt.ratio(ring)}.")
-    sentence = (f"{head} multiplies the median time by {fmt.ratio(b.median_s / a.median_s)} "  # type: ignore[operator]
-                f"({fmt.ms(a.median_s)} → {fmt.ms(b.median_s)} ms); the bytes each rank sends in a ring "
-                f"(2(n−1)/n of the payload) grow by {fmt.ratio(ring)}, and busbw changes by "
-                f"{fmt.ratio(b.busbw_gbps / a.busbw_gbps)}")  # type: ignore[operator]
-    if first.device_type == "cpu" and env.cpu_count and last.world_size > env.cpu_count:
-        bound = time_sharing_bound(first.world_size, last.world_size, env.cpu_count)
-        sentence += (f". Were every byte's work queued for the {env.cpu_count} cores, the time would grow by "
-                     f"{fmt.ratio(bound)} (the ring's factor times the growth in ranks per core); "
-                     + _against_bounds(b.median_s / a.median_s, ring, bound))  # type: ignore[operator]
-    return sentence + "."
-
-
-def _against_bounds(measured: float, ring: float, bound: float) -> str:
-    """Where a measured time ratio falls between the ring's bytes alone and full sharing of the cores."""
-    if measured < ring:
-        return (f"the measured {fmt.ratio(measured)} is below even the ring's factor, so at this size neither the "
-                "bytes nor the sharing of cores sets the time")
-    if measured <= bound:
-        return (f"the measured {fmt.ratio(measured)} lies between the two: more bytes per rank, and part of the "
-                "ranks' work waiting for a core")
-    return (f"the measured {fmt.ratio(measured)} exceeds both: beyond the bytes and the shared cores, something "
-            "else (memory bandwidth shared by all ranks, the scheduler's switches between them) adds time")
-
-
-def _gpu_sentences(backend: str, device: str, shared: bool, groups: Groups, env: Environment) -> list[str]:
-    if device != "cuda":
-        return []
-    out = []
-    if backend == "gloo":
-        out.append(HOST_COPY[0].upper() + HOST_COPY[1:] + ".")
-    if shared:
-        gpus = f"{env.gpu_count} GPU{'s' if env.gpu_count != 1 else ''}" if env.gpu_count else "fewer GPUs"
-        ranks = _and([str(g.world_size) for g in groups])
-        out.append(f"The {ranks} ranks of these lines take turns on {gpus}: their copies and kernels time-share "
-                   "each device, so adding ranks adds queueing on the GPU as well as bytes.")
-    return out
-
-
-def _correctness_sentence(records: list[AllReduceRecord]) -> str:
-    measured = [r for r in records if r.measured]
-    wrong = [r for r in measured if r.correct is False]
-    if not measured:
-        return ""
-    if not wrong:
-        return f"All {len(measured)} measured settings reduced to the exact expected sums."
-    rows = _and([f"{r.backend} × {r.world_size} at {fmt.size_mb(r.payload_mb)} MB" for r in wrong])
-    return f"**Wrong reduced values** in {rows}: their times are not those of a correct all-reduce."
-
-
-def commentary(records: list[AllReduceRecord], env: Environment) -> str:
-    """A paragraph per backend and device, each sentence computed from the records and environment."""
-    kinds: dict[tuple[str, str, bool], Groups] = {}
-    for group, rs in comm_groups(records).items():
-        kinds.setdefault((group.backend, group.device_type, group.shared_gpu), {})[group] = rs
-    paragraphs = []
-    for (backend, device, shared), groups in kinds.items():
-        kind = f"{backend} on {device}" + (" (gloo ranks sharing one GPU)" if shared else "")
-        sentences = [_saturation_sentence(kind, groups), _fixed_cost_sentence(groups)]
-        if device == "cpu":
-            sentences.append(_oversubscription_sentence(groups, env))
-        sentences.append(_world_size_sentence(groups, env))
-        sentences += _gpu_sentences(backend, device, shared, groups, env)
-        paragraphs.append(" ".join(s for s in sentences if s))
-    if not paragraphs:
-        return "No payload was measured (every setting was skipped)."
-    return "\n\n".join(paragraphs + [_correctness_sentence(records)])
-
-
-def _setting_parts(records: list[AllReduceRecord]) -> list[str]:
-    backends = sorted({r.backend for r in records})
-    world_sizes = sorted({r.world_size for r in records})
-    parts = [f"backend {', '.join(backends)}", f"world sizes {', '.join(map(str, world_sizes))}"]
-    asked = sorted({(r.requested_timed_iters, r.requested_warmup_iters) for r in records})
-    parts += [f"{timed} timed iterations asked per payload after {warmup} warm-up" for timed, warmup in asked]
-    threads = sorted({(r.world_size, r.threads_per_rank) for r in records if r.threads_per_rank})
-    if threads and len({t for _, t in threads}) == 1:
-        parts.append(f"{threads[0][1]} torch thread{'s' if threads[0][1] > 1 else ''} per rank")
-    elif threads:
-        parts.append("torch threads per rank " + ", ".join(f"{t} with {n} ranks" for n, t in threads))
-    shared = {r.shared_gpu for r in records}
-    if shared == {True, False}:
-        parts.append("rows marked so: gloo ranks sharing one GPU")
-    return parts
-
-
-def allreduce_section(ctx: RenderContext) -> Section:
-    out = ["## distributed_communication_single_node: all-reduce benchmark", "", METHOD]
-    figures = []
+def allreduce_page(ctx: RenderContext) -> Page:
+    runs, figures = [], []
     for machine, results in ctx.inputs.runs(BENCHMARK):
         records, env = results.records, results.environment
-        out += ["", fmt.run_heading(machine, results), "",
-                fmt.setting_line(env, results.source, parts=_setting_parts(records)), "", allreduce_table(records)]
-        groups = comm_groups(records)
-        if groups:
-            path = allreduce_figure(groups, f"all-reduce on {fmt.hardware(env)}",
-                                    ctx.figure_path(f"{machine.tag}_{results.name}_allreduce.png"))
-            figures.append(path)
-            out += ["", ctx.image(path, f"all-reduce time and busbw against payload on {machine.tag}")]
-        out += ["", commentary(records, env)]
-    notes = not_measured_notes(ctx.inputs, BENCHMARK, "All-reduce benchmark")
-    if notes:
-        out += ["", "### Not measured here", "", notes]
-    return Section("\n".join(out), figures)
+        lines = {g: Line(g, rs, _o(rs)) for g, rs in comm_groups(records).items()}
+        kinds: dict[tuple, list[Line]] = {}
+        for line in lines.values():
+            kinds.setdefault((line.group.backend, line.group.device_type, line.group.shared_gpu), []).append(line)
+        figure = None
+        if lines:
+            figure = allreduce_figure(comm_groups(records), f"all-reduce on {fmt.hardware(env)}",
+                                      ctx.figure_path(f"{machine.tag}_{results.name}_allreduce.png"))
+            figures.append(figure)
+        asked = sorted({(r.requested_timed_iters, r.requested_warmup_iters) for r in records})
+        parts = [f"backend {', '.join(sorted({r.backend for r in records}))}",
+                 f"world sizes {', '.join(str(n) for n in sorted({r.world_size for r in records}))}",
+                 *(f"{t} timed iterations per payload after {w} warm-up" for t, w in asked)]
+        threads = sorted({r.threads_per_rank for r in records if r.threads_per_rank})
+        parts += [f"{t} torch thread{'s' if t > 1 else ''} per rank" for t in threads]
+        measured = [r for r in records if r.measured]
+        runs.append(dict(
+            tag=machine.tag, setting=fmt.setting_line(env, results.source, parts=parts), table=_table(lines, records),
+            pivot=_pivot(list(lines.values())), kinds=[_kind(ls, env) for ls in kinds.values()],
+            figure=figure and ctx.image(figure, f"all-reduce time and busbw against payload on {machine.tag}"),
+            measured=len(measured), wrong=[r for r in measured if r.correct is False]))
+    missing = [s.name for s in note_gaps(ctx, BENCHMARK, "the all-reduce benchmark")]
+    values = dict(runs=runs, missing=missing, details=details_link("allreduce"))
+    return Page("allreduce", templating.render("details/allreduce.md.j2", **values),
+                {PROBLEM: templating.render(f"answers/{PROBLEM}.md.j2", **values)}, figures)

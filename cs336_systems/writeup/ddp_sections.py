@@ -24,7 +24,6 @@ from cs336_systems.writeup.coverage import not_measured_notes
 from cs336_systems.writeup.ddp_analysis import by_variant, gradient_bytes, run_fit
 from cs336_systems.writeup.ddp_figures import step_time_figure
 from cs336_systems.writeup.load import MachineResults, ResultsFile
-from cs336_systems.writeup.naive_ddp_section import naive_ddp_section
 from cs336_systems.writeup.paired import difference_clause, paired, paired_sync, paired_table, signed_ms
 from cs336_systems.writeup.profile_section import PROFILE_KIND, profile_part
 from cs336_systems.writeup.step_setting import why_not_handout_model
@@ -38,7 +37,7 @@ from cs336_systems.writeup.step_tables import (
 
 __all__ = [
     "COMPUTE_ONLY", "TORCH_DDP", "all_variants_section", "bucketed_benchmarking_section", "ddp_setting_line",
-    "flat_benchmarking_section", "naive_benchmarking_section", "naive_ddp_section", "overlap_benchmarking_section",
+    "flat_benchmarking_section", "naive_benchmarking_section", "overlap_benchmarking_section",
 ]
 FIT_SOURCE = "The all-reduce line fitted to this machine's all-reduce benchmark (distributed_communication_single_node)"
 

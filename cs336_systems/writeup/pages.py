@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from cs336_systems.writeup import fmt, templating
 from cs336_systems.writeup.ablation_section import ablation_page
-from cs336_systems.writeup.allreduce_section import allreduce_section
+from cs336_systems.writeup.allreduce_section import allreduce_page
 from cs336_systems.writeup.communication_accounting_section import communication_accounting_page
 from cs336_systems.writeup.context import Page, PageFn, RenderContext, SectionFn, details_link
 from cs336_systems.writeup.ddp_sections import (
@@ -20,13 +20,13 @@ from cs336_systems.writeup.ddp_sections import (
     bucketed_benchmarking_section,
     flat_benchmarking_section,
     naive_benchmarking_section,
-    naive_ddp_section,
     overlap_benchmarking_section,
 )
 from cs336_systems.writeup.doctor_section import doctor_page
 from cs336_systems.writeup.family_section import family_page
 from cs336_systems.writeup.fsdp_section import fsdp_page
 from cs336_systems.writeup.load import MachineResults
+from cs336_systems.writeup.naive_ddp_section import naive_ddp_page
 from cs336_systems.writeup.overhead_section import overhead_page
 from cs336_systems.writeup.problems_section import grading_page
 from cs336_systems.writeup.sharding_section import sharding_page
@@ -69,8 +69,8 @@ def _pending(name: str, sections: tuple[SectionFn, ...], problems: tuple[str, ..
 
 PAGES: list[PageFn] = [
     grading_page,
-    _pending("allreduce", (allreduce_section,), ("distributed_communication_single_node",)),
-    _pending("naive_ddp", (naive_ddp_section,), ("naive_ddp",)),
+    allreduce_page,
+    naive_ddp_page,
     _pending("ddp_step", (naive_benchmarking_section, flat_benchmarking_section, overlap_benchmarking_section,
                           bucketed_benchmarking_section, all_variants_section),
              ("naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking",
