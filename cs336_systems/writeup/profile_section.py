@@ -1,10 +1,7 @@
 """ddp_overlap_individual_parameters_benchmarking (b): the profile page, from each machine's ``profile/profile.json``.
 
-Numbers only: the words are in ``templates/details/profile.md.j2`` and
-``templates/answers/ddp_overlap_individual_parameters_benchmarking_b.md.j2``. Every profiled step of
-rank 0 is reported (two steps of one run give no interval), and the timelines are drawn from the
-intervals the profiler stored (profile_figure.py).
-"""
+Numbers only (words: ``templates/{details/profile,answers/ddp_overlap_individual_parameters_benchmarking_b}.md.j2``);
+every profiled step of rank 0 is reported, as two steps of one run give no interval."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ HEADERS = ["machine", "variant", "step", "all-reduce time inside backward", "all
 
 
 def overlap_cost(results: ResultsFile) -> str | None:
-    """Each profiled step's backward, per-parameter DDP against naive (no cause: two steps support none);
-    None without both variants. Kept for bucketed_section.py."""
+    """Each profiled step's backward, per-parameter against naive (two steps show no cause); for bucketed_section."""
     v = {r.variant: r for r in results.records}
     if "naive" not in v or "per-parameter" not in v:
         return None
