@@ -11,13 +11,15 @@ from __future__ import annotations
 import pytest
 
 from cs336_systems.bench.profile import ProfileRecord, ProfileSetting
+from cs336_systems.results.files import ResultsFile
 from cs336_systems.results.paths import PROFILE_DIR, results_dir
 from cs336_systems.writeup import fmt, render_writeup
 from cs336_systems.writeup.pages import machines_page
 from cs336_systems.writeup.profile_figure import render_timelines
-from cs336_systems.writeup.profile_section import profile_page
+from cs336_systems.writeup.profile_section import overlap_cost, profile_page
 
 from .test_writeup import repeated_rows
+from .test_writeup_allreduce import environment
 from .test_writeup_ddp import PROFILE_ONLY_TAG, PROFILED, TAG, build_results_tree, profile_records, timeline, write
 
 pytestmark = pytest.mark.problem("ddp_overlap_individual_parameters_benchmarking")
@@ -48,6 +50,12 @@ def test_the_answer_gives_the_share_inside_backward_and_the_timelines(rendered):
         assert f"](figures/{tag}_profile_timeline_overlap.png)" in answer
     assert answer.startswith("\n\n**(b)**") and "](details/profile.md)" in answer
     assert len(answer.split("![")[0].split()) < 200
+
+
+def test_rendering_twice_gives_the_same_bytes(rendered, tmp_path):
+    again = render_writeup(build_results_tree(tmp_path), tmp_path / "out", pages=[profile_page])
+    first = {p.name: p.read_bytes() for p in [*rendered["first"].figures, *rendered["first"].details]}
+    assert first and first == {p.name: p.read_bytes() for p in [*again.figures, *again.details]}
 
 
 def test_timelines_are_drawn_from_the_stored_intervals(rendered, tmp_path):
@@ -108,3 +116,13 @@ def test_without_profiles_the_answer_links_the_one_gap_list(tmp_path):
     assert "details/machines.md#not-measured-here" in answer
     machines = (tmp_path / "out" / "details" / "machines.md").read_text()
     assert machines.count("the profiler timelines of naive and per-parameter DDP") == 2  # gloo on CPU, NCCL on GPUs
+
+
+def test_the_bucket_sweep_gets_both_steps_backward_and_no_cause():
+    steps = [timeline((10.0, 50.0), []), timeline((10.0, 35.0), [])]
+    records = [ProfileRecord.from_timelines("naive", "n.json", steps),
+               ProfileRecord.from_timelines("per-parameter", "p.json", steps[::-1])]
+    text = overlap_cost(ResultsFile(ProfileRecord.KIND, environment(), {}, records, {}))
+    assert f"took {fmt.ms(25e-6)} and {fmt.ms(40e-6)} ms against naive's {fmt.ms(40e-6)} and {fmt.ms(25e-6)} ms" in text
+    assert "why" not in text and overlap_cost(
+        ResultsFile(ProfileRecord.KIND, environment(), {}, records[:1], {})) is None
