@@ -29,6 +29,7 @@ from cs336_systems.writeup.load import MachineResults
 from cs336_systems.writeup.naive_ddp_section import naive_ddp_page
 from cs336_systems.writeup.overhead_section import overhead_page
 from cs336_systems.writeup.problems_section import grading_page
+from cs336_systems.writeup.profile_section import profile_page
 from cs336_systems.writeup.sharding_section import sharding_page
 
 
@@ -75,6 +76,7 @@ PAGES: list[PageFn] = [
                           bucketed_benchmarking_section, all_variants_section),
              ("naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking",
               "ddp_overlap_individual_parameters_benchmarking", "ddp_bucketed_benchmarking")),
+    profile_page,
     overhead_page,
     ablation_page,
     family_page,

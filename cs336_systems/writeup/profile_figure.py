@@ -1,9 +1,5 @@
-"""The profiler's timelines (problem 5b), drawn from the intervals ``profile.json`` stores.
-
-One row per variant on a shared time axis: the step's phases on top, backward compute in the
-middle, the all-reduces at the bottom, with backward's window shaded across all three, so a
-reader sees at a glance which all-reduces ran while backward was still computing.
-"""
+"""The profiler's timelines (problem 5b) from the intervals ``profile.json`` stores: per variant the phases,
+backward compute and the all-reduces, with backward's window shaded across the three lanes."""
 
 from __future__ import annotations
 
@@ -32,7 +28,7 @@ def _bars(intervals: Iterable[Interval]) -> list[tuple[float, float]]:
     return [(a * MS_PER_US, (b - a) * MS_PER_US) for a, b in intervals]
 
 
-def _draw_timeline(ax, timeline: StepTimeline, title: str, bottom: bool) -> None:
+def _draw_timeline(ax, title: str, timeline: StepTimeline, bottom: bool) -> None:
     b0, b1 = timeline.backward_range
     # The backward window across every lane: communication inside it is overlapped.
     ax.axvspan(b0 * MS_PER_US, b1 * MS_PER_US, color=WINDOW_COLOR, zorder=0)
@@ -59,7 +55,4 @@ def _draw_timeline(ax, timeline: StepTimeline, title: str, bottom: bool) -> None
 
 def render_timelines(timelines: Sequence[tuple[str, StepTimeline]], path: Path) -> Path:
     """A PNG with one timeline per (title, timeline), top to bottom, on a shared time axis."""
-    def draw(ax, title: str, timeline: StepTimeline, bottom: bool) -> None:
-        _draw_timeline(ax, timeline, title, bottom=bottom)
-
-    return timeline_panels(timelines, draw, lambda t: t.duration_us * MS_PER_US, path, ROW_HEIGHT_IN)
+    return timeline_panels(timelines, _draw_timeline, lambda t: t.duration_us * MS_PER_US, path, ROW_HEIGHT_IN)
