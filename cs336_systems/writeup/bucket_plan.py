@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from cs336_basics.model import TransformerLM
+from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES
 from cs336_systems.bench.step.record import StepRecord
-from cs336_systems.writeup.step_setting import GRADIENT_BYTES, config_of
+from cs336_systems.writeup.step_setting import config_of
 
 SHOWN_NAMES = 3  # parameters named per bucket before the rest are counted
 
@@ -42,7 +43,7 @@ def large_cap(sweep: list[StepRecord], s_bytes: float | None, shapes: dict[str, 
         return None
     r = large[0]
     first = r.bucket_params[0] if r.bucket_params else []
-    first_bytes = GRADIENT_BYTES * math.prod(shapes[first[0]]) if len(first) == 1 and first[0] in shapes else None
+    first_bytes = FLOAT32_BYTES * math.prod(shapes[first[0]]) if len(first) == 1 and first[0] in shapes else None
     return dict(caps=[x.bucket_size_mb for x in large], counts=sorted({x.n_buckets for x in large}), record=r,
                 first_cap=r.first_bucket_cap_bytes, first=first[0] if len(first) == 1 else None,
                 first_shape=shapes.get(first[0]) if first_bytes else None, first_bytes=first_bytes)

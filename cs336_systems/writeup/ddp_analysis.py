@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.variants import bucketed_name
 from cs336_systems.bench.allreduce.record import AllReduceRecord
+from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES  # the benchmarks train in float32
 from cs336_systems.ddp.overhead_model import (FitIntervals, exposed_overhead, minimum_exposed_overhead,
                                               optimal_bucket_bytes, optimal_bucket_count, predicted_wait)
 from cs336_systems.writeup.allreduce_analysis import CommGroup, LinkFit, comm_groups, fit_group
@@ -20,7 +21,6 @@ from cs336_systems.writeup.load import MachineResults, ResultsFile, WriteupInput
 
 STEP_KIND = StepRecord.KIND
 ABLATION_RUN = f"{STEP_KIND}-ablation"  # the results file (stem) of the lever ablation
-FLOAT32_BYTES = 4  # the benchmarks train in float32, so gradients are 4 bytes per parameter
 
 
 def step_runs(inputs: WriteupInputs) -> list[tuple[MachineResults, ResultsFile]]:

@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from cs336_basics.model import TransformerConfig, expected_parameter_count, model_config
+from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES
 from cs336_systems.writeup import fmt
 from cs336_systems.writeup.load import ResultsFile
 
-GRADIENT_BYTES = 4  # float32 gradients, as every benchmark trains in float32
 # Per parameter on each rank while training with AdamW in float32: weights, gradients, and the
-# optimizer's two moments (exp_avg, exp_avg_sq), 4 bytes each.
-TRAINING_BYTES_PER_PARAMETER = 16
+# optimizer's two moments (exp_avg, exp_avg_sq).
+TRAINING_BYTES_PER_PARAMETER = 4 * FLOAT32_BYTES
 HANDOUT_MODEL = "xl"  # the size the handout's DDP problems ask for
 OPTIMIZER, LEARNING_RATE = "AdamW", 1e-4  # what cs336_systems/bench/step/run.py steps with
 
@@ -50,7 +50,7 @@ def run_facts(results: ResultsFile, compute_only_s: float | None = None) -> dict
     n = expected_parameter_count(config) if config else None
     ranks = notes.get("ranks_on_node") or env.world_size
     threads, batch = notes.get("threads_per_rank"), setting.get("global_batch")
-    facts = dict(size=setting.get("model_size", "?"), config=config, n=n, s_bytes=GRADIENT_BYTES * n if n else None,
+    facts = dict(size=setting.get("model_size", "?"), config=config, n=n, s_bytes=FLOAT32_BYTES * n if n else None,
                  batch=batch, per_rank=batch // env.world_size if batch and env.world_size else None,
                  warmup=setting.get("warmup_steps"), rounds=setting.get("rounds"),
                  per_round=setting.get("steps_per_round"), optimizer=OPTIMIZER, lr=LEARNING_RATE,
