@@ -305,6 +305,15 @@ def test_a_sweep_inside_the_noise_does_not_match_and_says_why(tmp_path):
     assert "2 ranks × 1 thread(s) fill all 2 cores" in sweep and f"inside {ROUNDS} rounds' noise" in sweep
 
 
+def test_only_the_largest_size_beating_both_matches_in_part(tmp_path):
+    # The largest cap alone beats flat (-10 ms every round) and per-parameter (-10 ± 2 ms): no middle size does.
+    base = {**BASE_S, "bucketed-0.05MB": 0.125, "bucketed-0.5MB": 0.125, "bucketed-10MB": 0.110}
+    results = build_results_tree(tmp_path, rehearsal=False, base=base)
+    sweep = answers(render_writeup(results, tmp_path / "out", pages=PAGES).readme.read_text())
+    assert "Only in part" in sweep["ddp_bucketed_benchmarking"]
+    assert "10 MB beats flat; 10 MB beats per-parameter" in sweep["ddp_bucketed_benchmarking"]
+
+
 def test_the_verdict_needs_an_interval_not_a_median():
     raw = [dict(variant=name, step_times_s=[0.1 + d + (w if name != COMPUTE_ONLY else 0) for d, w in zip(DRIFT_S, WOBBLE_S)],
                 bucket_cap_bytes=MB if name.startswith("bucketed") else None)

@@ -23,12 +23,12 @@ def comparisons(sweep: list[StepRecord], v: dict[str, StepRecord]) -> list[Paire
 
 def sweep_verdict(sweep: list[StepRecord], v: dict[str, StepRecord], differences: list[Paired]) -> dict:
     """Which neighbouring sizes are told apart, which sizes beat flat and per-parameter (resolved), the
-    word ("yes": a size between the smallest and largest beats both; "in part": some size beats one;
+    word ("yes": a size below the largest, so short of flat-like, beats both; "in part": some size beats one;
     "no"), and the noise: median interval width against median difference."""
     adjacent = differences[:max(len(sweep) - 1, 0)]
     beats = {ref: [r for r in sweep if (d := paired(r, v[ref])).resolved and d.median_s < 0]
              for ref in ("flat", "per-parameter") if ref in v}
-    middle = [r for r in sweep[1:-1] if all(r in b for b in beats.values())] if len(beats) == 2 else []
+    middle = [r for r in sweep[:-1] if all(r in b for b in beats.values())] if len(beats) == 2 else []
     with_interval = [d for d in differences if d.interval_s is not None]
     noise = dict(unresolved=sum(not d.resolved for d in with_interval), n=len(with_interval),
                  width=statistics.median(d.interval_s[1] - d.interval_s[0] for d in with_interval if d.interval_s),
