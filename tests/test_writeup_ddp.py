@@ -341,6 +341,8 @@ def test_a_world_size_1_run_is_each_wrappers_own_cost(rendered):
     # One rank is no multi-GPU measurement: the NCCL setting is still listed as not measured.
     machines = (rendered["root"] / "a" / "details" / "machines.md").read_text()
     assert "NCCL" in machines and "make bench-gpu" in machines
+    assert "NCCL" in naive.split("were not measured here")[0].splitlines()[-1]
+    assert "(details/machines.md#not-measured-here)" in naive
 
 
 def test_no_results_at_all_renders_every_gap(tmp_path):
