@@ -1,32 +1,26 @@
 """Numbers derived from DDP step records: which runs, variants, the bucket sweep, the model's predictions.
 
-Pure functions over :class:`~cs336_systems.bench.step.record.StepRecord` lists; the sections
-turn them into text. A machine may hold several ``ddp_step`` runs: the lever ablation
-(``ddp_step-ablation.json``) has its own section, every other run is read by the problem
-sections (``ddp_step.json``; ``ddp_step-nccl1.json``, NCCL at world size 1, from the one-GPU suite).
+The lever ablation (``ddp_step-ablation.json``) has its own page; every other ``ddp_step*`` run
+is read by the step benchmark's page (ddp_sections.py).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.variants import bucketed_name
-from cs336_systems.ddp.overhead_model import (
-    FitIntervals,
-    exposed_overhead,
-    minimum_exposed_overhead,
-    optimal_bucket_bytes,
-    optimal_bucket_count,
-    predicted_wait,
-)
 from cs336_systems.bench.allreduce.record import AllReduceRecord
+from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES  # the benchmarks train in float32
+from cs336_systems.ddp.overhead_model import (FitIntervals, exposed_overhead, minimum_exposed_overhead,
+                                              optimal_bucket_bytes, optimal_bucket_count, predicted_wait)
 from cs336_systems.writeup.allreduce_analysis import CommGroup, LinkFit, comm_groups, fit_group
+from cs336_systems.writeup.bucket_plan import parameter_shapes
 from cs336_systems.writeup.load import MachineResults, ResultsFile, WriteupInputs
 
 STEP_KIND = StepRecord.KIND
 ABLATION_RUN = f"{STEP_KIND}-ablation"  # the results file (stem) of the lever ablation
-FLOAT32_BYTES = 4  # the benchmarks train in float32, so gradients are 4 bytes per parameter
 
 
 def step_runs(inputs: WriteupInputs) -> list[tuple[MachineResults, ResultsFile]]:
@@ -69,22 +63,9 @@ def bucket_sweep(records: list[StepRecord]) -> list[StepRecord]:
 
 
 def largest_parameter_bytes(model_size: str, context_length: int | None) -> int | None:
-    """Bytes of the model's largest parameter, from a model built on the meta device.
-
-    The meta device gives shapes without allocating storage, so this costs nothing even for the
-    largest sizes. None when the size is not one :mod:`cs336_basics.model` knows.
-    """
-    import torch
-
-    from cs336_basics.model import TransformerLM, model_config
-
-    try:
-        config = model_config(model_size, context_length)
-    except (ValueError, KeyError):
-        return None
-    with torch.device("meta"):
-        model = TransformerLM(config)
-    return max(p.numel() * p.element_size() for p in model.parameters())
+    """Bytes of the model's largest parameter (None for a size :mod:`cs336_basics.model` does not know)."""
+    shapes = parameter_shapes({"model_size": model_size, "context_length": context_length})
+    return max((FLOAT32_BYTES * math.prod(shape) for shape in shapes.values()), default=None)
 
 
 @dataclass(frozen=True)
@@ -95,8 +76,7 @@ class BucketPrediction:
     closed_form_s: float  # o n_b + s / (w n_b): equal buckets, backward as fast as the channel
     channel_s: float  # n_b o + s / w: the channel busy for every bucket, back to back
     channel_range_s: tuple[float, float] | None  # the same over the 95% intervals of o and w (None: no intervals)
-    wait_s: float | None  # the recursion on the buckets built and the measured backward (None:
-    # no measured backward, or no bucket sizes recorded)
+    wait_s: float | None  # the recursion on the buckets built and the measured backward (None: either unknown)
 
 
 @dataclass(frozen=True)
@@ -117,10 +97,8 @@ class OverheadPrediction:
         return exposed_overhead(self.s_bytes, self.fit.w_bytes_per_s, self.o_s, n_b)
 
 
-def predict_overhead(
-    n_parameters: int, largest_param_bytes: int | None, fit: LinkFit, sweep: list[StepRecord],
-    backward_s: float | None = None, intervals: FitIntervals | None = None,
-) -> OverheadPrediction | str:
+def predict_overhead(n_parameters: int, largest_param_bytes: int | None, fit: LinkFit, sweep: list[StepRecord],
+                     backward_s: float | None = None, intervals: FitIntervals | None = None) -> OverheadPrediction | str:
     """The closed form's optimum, and per bucket size of the sweep its closed form and, given a
     measured backward, the recursion on the buckets actually built; or why the model cannot
     be applied. A negative fitted ``o`` is used as 0 (:attr:`OverheadPrediction.o_s`)."""
@@ -134,22 +112,13 @@ def predict_overhead(
     for r in sweep:
         if not r.n_buckets:
             continue
-        wait = (predicted_wait(r.bucket_bytes, backward_s, w, o)
-                if backward_s and r.bucket_bytes else None)
+        wait = predicted_wait(r.bucket_bytes, backward_s, w, o) if backward_s and r.bucket_bytes else None
         channel_range = None
         if intervals is not None:
             (o_low, o_high), (w_low, w_high) = intervals.o_s, intervals.w_bytes_per_s
             channel_range = (r.n_buckets * max(o_low, 0.0) + s / w_high, r.n_buckets * max(o_high, 0.0) + s / w_low)
         rows.append(BucketPrediction(r, exposed_overhead(s, w, o, r.n_buckets), r.n_buckets * o + s / w,
                                      channel_range, wait))
-    return OverheadPrediction(
-        s_bytes=s,
-        largest_param_bytes=largest_param_bytes,
-        fit=fit,
-        o_s=o,
-        backward_s=backward_s,
-        n_b_opt=optimal_bucket_count(s, w, o),
-        b_opt_bytes=optimal_bucket_bytes(s, w, o, largest_param_bytes or 1.0),
-        t_opt_s=minimum_exposed_overhead(s, w, o),
-        rows=rows,
-    )
+    return OverheadPrediction(s, largest_param_bytes, fit, o, backward_s, optimal_bucket_count(s, w, o),
+                              optimal_bucket_bytes(s, w, o, largest_param_bytes or 1.0),
+                              minimum_exposed_overhead(s, w, o), rows)

@@ -15,13 +15,7 @@ from cs336_systems.writeup.ablation_section import ablation_page
 from cs336_systems.writeup.allreduce_section import allreduce_page
 from cs336_systems.writeup.communication_accounting_section import communication_accounting_page
 from cs336_systems.writeup.context import Page, PageFn, RenderContext, SectionFn, details_link
-from cs336_systems.writeup.ddp_sections import (
-    all_variants_section,
-    bucketed_benchmarking_section,
-    flat_benchmarking_section,
-    naive_benchmarking_section,
-    overlap_benchmarking_section,
-)
+from cs336_systems.writeup.ddp_sections import ddp_step_page
 from cs336_systems.writeup.doctor_section import doctor_page
 from cs336_systems.writeup.family_section import family_page
 from cs336_systems.writeup.fsdp_section import fsdp_page
@@ -72,10 +66,7 @@ PAGES: list[PageFn] = [
     grading_page,
     allreduce_page,
     naive_ddp_page,
-    _pending("ddp_step", (naive_benchmarking_section, flat_benchmarking_section, overlap_benchmarking_section,
-                          bucketed_benchmarking_section, all_variants_section),
-             ("naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking",
-              "ddp_overlap_individual_parameters_benchmarking", "ddp_bucketed_benchmarking")),
+    ddp_step_page,
     profile_page,
     overhead_page,
     ablation_page,

@@ -1,11 +1,7 @@
-"""Every comparison of two DDP variants in the writeup: a paired difference with its 95% interval.
+"""Every comparison of two DDP variants: the median per-round difference and its 95% sign-test interval.
 
-Two variants of one step run were timed in the same rounds, so the writeup compares them only
-through the median of their per-round step differences and its sign-test interval
-(:func:`cs336_systems.bench.stats.paired_median`). The words follow the interval: a difference
-whose interval holds zero is "indistinguishable here", one whose interval excludes zero is
-stated with its sign, and a run with too few rounds for an interval says so. Nothing is ranked
-by medians alone.
+Variants of one step run were timed in the same rounds (:func:`cs336_systems.bench.stats.paired_median`);
+``templates/paired.md.j2`` words a difference by its interval, never ranking by medians alone.
 """
 
 from __future__ import annotations
@@ -16,8 +12,6 @@ from typing import Iterable
 from cs336_systems.bench.stats import median_interval, paired_median
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.writeup import fmt
-
-INDISTINGUISHABLE = "indistinguishable here"
 
 
 def fewest_rounds_for_an_interval(confidence: float = 0.95) -> int:
@@ -46,12 +40,12 @@ class Paired:
 
     @property
     def reading(self) -> str:
-        """One phrase: "a slower", "a faster", "indistinguishable here", or "no interval"."""
+        """A table cell: "a slower", "a faster", "indistinguishable here", or "no interval"."""
         if self.interval_s is None:
             return f"no 95% interval ({self.rounds} rounds; it needs {fewest_rounds_for_an_interval()})"
         if not self.resolved:
-            return INDISTINGUISHABLE
-        return f"{self.a} slower" if self.median_s > 0 else f"{self.a} faster"
+            return "indistinguishable here"
+        return f"{self.a} {'slower' if self.median_s > 0 else 'faster'}"
 
 
 def paired(a: StepRecord, b: StepRecord) -> Paired:
@@ -74,44 +68,8 @@ def signed_ms(seconds: float) -> str:
     return text if seconds <= 0 else "+" + text
 
 
-def interval_text(d: Paired) -> str:
-    """"95% interval lo to hi ms", or why there is none."""
-    if d.interval_s is None:
-        return f"no 95% interval from {d.rounds} rounds; it needs {fewest_rounds_for_an_interval()}"
-    return f"95% interval {fmt.ms_interval(d.interval_s)} ms"
-
-
-def difference_clause(d: Paired) -> str:
-    """The comparison in words, chosen by the interval.
-
-    "a's step is 12.3 ms longer than b's (median of per-round differences +12.3 ms, 95% interval
-    4.10 to 20.2 ms)", or "a and b are indistinguishable here (a − b per round: +2.00 ms, 95%
-    interval -1.00 to 4.00 ms)".
-    """
-    if d.resolved:
-        word = "longer" if d.median_s > 0 else "shorter"
-        return (f"{d.a}'s {d.what} is {fmt.ms(abs(d.median_s))} ms {word} than {d.b}'s (median of per-round "
-                f"differences {signed_ms(d.median_s)} ms, {interval_text(d)})")
-    if d.interval_s is None:
-        return f"{d.a} − {d.b} per round ({d.what}): {signed_ms(d.median_s)} ms ({interval_text(d)}, so no verdict)"
-    subject = f"{d.a} and {d.b}" if d.what == "step" else f"{d.a}'s and {d.b}'s {d.what}"
-    return (f"{subject} are {INDISTINGUISHABLE} ({d.a} − {d.b} per round: {signed_ms(d.median_s)} ms, "
-            f"{interval_text(d)})")
-
-
-PAIRED_HEADERS = ["comparison (step of a − step of b, per round)", "median difference (ms)", "95% interval (ms)",
-                  "reading"]
-
-
 def paired_table(differences: Iterable[Paired]) -> str:
     """One row per comparison: the median per-round difference, its interval, and what it says."""
-    rows = [[f"{d.a} − {d.b}" + ("" if d.what == "step" else f" ({d.what})"), signed_ms(d.median_s), fmt.ms_interval(d.interval_s), d.reading]
-            for d in differences]
-    return fmt.table(PAIRED_HEADERS, rows, align="lrrl")
-
-
-def listed(parts: list[str]) -> str:
-    """"x", "x and y", "x, y and z"."""
-    if len(parts) <= 1:
-        return "".join(parts)
-    return ", ".join(parts[:-1]) + " and " + parts[-1]
+    rows = [[f"{d.a} − {d.b}" + ("" if d.what == "step" else f" ({d.what})"), signed_ms(d.median_s),
+             fmt.ms_interval(d.interval_s), d.reading] for d in differences]
+    return fmt.table(["a − b, per round", "median (ms)", "95% interval (ms)", "reading"], rows, align="lrrl")
