@@ -11,15 +11,13 @@ from __future__ import annotations
 import pytest
 
 from cs336_systems.bench.profile import ProfileRecord, ProfileSetting
-from cs336_systems.results.files import ResultsFile
 from cs336_systems.results.paths import PROFILE_DIR, results_dir
 from cs336_systems.writeup import fmt, render_writeup
 from cs336_systems.writeup.pages import machines_page
 from cs336_systems.writeup.profile_figure import render_timelines
-from cs336_systems.writeup.profile_section import overlap_cost, profile_page
+from cs336_systems.writeup.profile_section import profile_page
 
 from .test_writeup import repeated_rows
-from .test_writeup_allreduce import environment
 from .test_writeup_ddp import PROFILE_ONLY_TAG, PROFILED, TAG, build_results_tree, profile_records, timeline, write
 
 pytestmark = pytest.mark.problem("ddp_overlap_individual_parameters_benchmarking")
@@ -116,13 +114,3 @@ def test_without_profiles_the_answer_links_the_one_gap_list(tmp_path):
     assert "details/machines.md#not-measured-here" in answer
     machines = (tmp_path / "out" / "details" / "machines.md").read_text()
     assert machines.count("the profiler timelines of naive and per-parameter DDP") == 2  # gloo on CPU, NCCL on GPUs
-
-
-def test_the_bucket_sweep_gets_both_steps_backward_and_no_cause():
-    steps = [timeline((10.0, 50.0), []), timeline((10.0, 35.0), [])]
-    records = [ProfileRecord.from_timelines("naive", "n.json", steps),
-               ProfileRecord.from_timelines("per-parameter", "p.json", steps[::-1])]
-    text = overlap_cost(ResultsFile(ProfileRecord.KIND, environment(), {}, records, {}))
-    assert f"took {fmt.ms(25e-6)} and {fmt.ms(40e-6)} ms against naive's {fmt.ms(40e-6)} and {fmt.ms(25e-6)} ms" in text
-    assert "why" not in text and overlap_cost(
-        ResultsFile(ProfileRecord.KIND, environment(), {}, records[:1], {})) is None

@@ -38,6 +38,12 @@ class ResultsFile(Generic[R]):
     notes: dict[str, Any] = field(default_factory=dict)  # run-level figures (parameter count, wall time)
     version: int = 1  # the records' VERSION when written
     path: Path | None = None  # where it was read from (not written)
+    source: str = ""  # how readers are shown it, e.g. "<machine tag>/ddp_step.json" (not written)
+
+    @property
+    def name(self) -> str:
+        """The file's stem, e.g. "ddp_step-ablation" (its kind when it was not read from a file)."""
+        return self.path.stem if self.path else self.kind
 
 
 @contextmanager
@@ -117,4 +123,4 @@ def read_results(path: Path, record_types: dict[str, type[Record]], source: str 
         raise ResultsError(str(e)) from e
     setting = document.get("setting") if isinstance(document.get("setting"), dict) else {}
     notes = document.get("notes") if isinstance(document.get("notes"), dict) else {}
-    return ResultsFile(kind, environment, setting, records, notes, cls.VERSION, Path(path))
+    return ResultsFile(kind, environment, setting, records, notes, cls.VERSION, Path(path), source)

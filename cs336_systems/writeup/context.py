@@ -8,7 +8,6 @@ The extension point of the writeup: a page is any function ``(RenderContext) -> 
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -35,14 +34,6 @@ class Page:
     name: str  # the file stem under writeup/details/
     markdown: str
     answers: dict[str, str] = field(default_factory=dict)  # problem name -> its answer, without heading
-    figures: list[Path] = field(default_factory=list)
-
-
-@dataclass
-class Section:
-    """A section's markdown (starting with its ``##`` heading) and the figures it wrote."""
-
-    markdown: str
     figures: list[Path] = field(default_factory=list)
 
 
@@ -82,25 +73,14 @@ class RenderContext:
         """An image in the README's answers (relative to the writeup folder)."""
         return f"![{alt}]({Path(os.path.relpath(path, self.out_dir)).as_posix()})"
 
-    def copy_figure(self, source: Path, name: str) -> Path:
-        """Copy an image made elsewhere (the profiler's) next to ours, so links stay inside the writeup."""
-        target = self.figure_path(name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
-        return target
-
     @property
     def results_label(self) -> str:
-        """The results root as a reader should find it: relative to the writeup's parent when inside it."""
+        """The results root as the README finds it: relative to the writeup folder when inside it, else its name."""
         root = self.inputs.results_root.resolve()
-        base = self.out_dir.resolve().parent
-        try:
-            return root.relative_to(base).as_posix()
-        except ValueError:
-            return root.name
+        return root.relative_to(self.out_dir.resolve()).as_posix() if root.is_relative_to(self.out_dir.resolve()) \
+            else root.name
 
 
-SectionFn = Callable[[RenderContext], Section]
 PageFn = Callable[[RenderContext], Page]
 
 

@@ -47,24 +47,6 @@ def measured_settings(inputs: WriteupInputs, kind: str, runs: Iterable[ResultsFi
     return found
 
 
-def not_measured_notes(inputs: WriteupInputs, benchmark: str, what: str,
-                       runs: Iterable[ResultsFile] | None = None) -> str:
-    """Markdown bullets for each standard setting with no results of ``benchmark``; "" if none missing.
-
-    ``benchmark`` is a results kind ("allreduce", "ddp_step", "profile", ...); ``runs``, when
-    given, are the only files of it that count (e.g. the ablation's run alone).
-    """
-    found = measured_settings(inputs, benchmark, runs)
-    commands = PROFILE_COMMANDS if benchmark == "profile" else {s: s.command for s in SETTINGS}
-    lines = [
-        f"- {what}, {s.name} (`{s.backend}`): **not measured here**; `{commands[s]}` ({s.where}) fills it."
-        for s in SETTINGS
-        if (s.backend, s.device_type) not in found
-    ]
-    return "\n".join(lines)
-
-
-
 def note_gaps(ctx: RenderContext, benchmark: str, what: str, runs: Iterable[ResultsFile] | None = None) -> list[Setting]:
     """Record, for the machines page's one list, each standard setting with no results of ``benchmark``.
 

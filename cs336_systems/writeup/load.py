@@ -6,7 +6,8 @@ Layout (see :mod:`cs336_systems.results.paths`)::
     <results root>/<machine tag>/profile/profile.json    the profiler's timelines, as intervals
     <results root>/<machine tag>/profile/trace_*.json*   the profiler's raw Chrome traces
 
-A kind may have several files, e.g. ``ddp_step.json`` and ``ddp_step-ablation.json``; they are
+Each file is read as a :class:`~cs336_systems.results.files.ResultsFile` whose ``source`` is
+"<machine tag>/<file name>", the path shown to readers. A kind may have several files, e.g. ``ddp_step.json`` and ``ddp_step-ablation.json``; they are
 its runs, in sorted order. Folders whose name starts with ``quick`` hold smoke runs and are
 skipped unless asked for by name. A file that cannot be read (truncated, another schema
 version, not a results file) is set aside and named in the writeup, which goes on with the
@@ -17,47 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
-from cs336_systems.results.environment import Environment
-from cs336_systems.results.files import ResultsError
-from cs336_systems.results.files import ResultsFile as StoredResults
+from cs336_systems.results.files import ResultsError, ResultsFile
 from cs336_systems.results.kinds import read_any
 from cs336_systems.results.paths import PROFILE_DIR, SMOKE_PREFIX
-
-
-@dataclass(frozen=True)
-class ResultsFile:
-    """One results file as the writeup sees it: its name, where it is shown from, its content."""
-
-    name: str  # file stem, e.g. "ddp_step-ablation"
-    source: str  # the path shown to readers: "<machine tag>/<file name>"
-    stored: StoredResults
-
-    @property
-    def kind(self) -> str:
-        return self.stored.kind
-
-    @property
-    def records(self) -> list[Any]:
-        return self.stored.records
-
-    @property
-    def environment(self) -> Environment:
-        return self.stored.environment
-
-    @property
-    def setting(self) -> dict[str, Any]:
-        return self.stored.setting
-
-    @property
-    def notes(self) -> dict[str, Any]:
-        return self.stored.notes
-
-    @property
-    def path(self) -> Path:
-        assert self.stored.path is not None
-        return self.stored.path
 
 
 @dataclass
@@ -110,7 +75,7 @@ def load_machine(folder: Path) -> MachineResults:
         name = path.relative_to(folder).as_posix()
         source = f"{tag}/{name}"
         try:
-            machine.files[name.removesuffix(".json")] = ResultsFile(path.stem, source, read_any(path, source))
+            machine.files[name.removesuffix(".json")] = read_any(path, source)
         except ResultsError as e:
             machine.unreadable[name] = str(e)
     return machine

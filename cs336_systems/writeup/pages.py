@@ -14,7 +14,7 @@ from cs336_systems.writeup import fmt, templating
 from cs336_systems.writeup.ablation_section import ablation_page
 from cs336_systems.writeup.allreduce_section import allreduce_page
 from cs336_systems.writeup.communication_accounting_section import communication_accounting_page
-from cs336_systems.writeup.context import Page, PageFn, RenderContext, SectionFn, details_link
+from cs336_systems.writeup.context import Page, PageFn, RenderContext
 from cs336_systems.writeup.ddp_sections import ddp_step_page
 from cs336_systems.writeup.doctor_section import doctor_page
 from cs336_systems.writeup.family_section import family_page
@@ -49,17 +49,6 @@ def machines_page(ctx: RenderContext) -> Page:
         machines=fmt.table(["machine tag", "hardware", "results files"], rows, align="lll") if rows else None,
         unreadable=unreadable, gaps=settings)
     return Page("machines", markdown)
-
-
-def _pending(name: str, sections: tuple[SectionFn, ...], problems: tuple[str, ...]) -> PageFn:
-    """A page still written as f-string sections, answering its problems with a link."""
-    def page(ctx: RenderContext) -> Page:
-        rendered = [s(ctx) for s in sections]
-        body = "\n\n".join(s.markdown.strip() for s in rendered)
-        title = body.splitlines()[0].lstrip("# ")
-        answers = {p: f"See [{title}]({details_link(name)})." for p in problems}
-        return Page(name, f"# {title}\n\n{body}", answers, [f for s in rendered for f in s.figures])
-    return page
 
 
 PAGES: list[PageFn] = [

@@ -20,21 +20,6 @@ HEADERS = ["machine", "variant", "step", "all-reduce time inside backward", "all
            "step (ms)", "all-reduce calls"]
 
 
-def overlap_cost(results: ResultsFile) -> str | None:
-    """Each profiled step's backward, per-parameter against naive (two steps show no cause); for bucketed_section."""
-    v = {r.variant: r for r in results.records}
-    if "naive" not in v or "per-parameter" not in v:
-        return None
-    steps = lambda r: " and ".join(fmt.ms(t.backward_us * US) for t in r.timelines)  # noqa: E731
-    return (f"In the profiled steps (rank 0, one run, so no interval), per-parameter DDP's backward took "
-            f"{steps(v['per-parameter'])} ms against naive's {steps(v['naive'])} ms.")
-
-
-def profile_part(ctx: RenderContext, machine: MachineResults) -> tuple[list, list]:
-    """Nothing: the profile has its own page now. Kept until ddp_sections.py stops calling it."""
-    return [], []
-
-
 def _variant(r: ProfileRecord) -> dict:
     return dict(shares=r.overlap_fraction_per_step, backward=[t.backward_us * US for t in r.timelines],
                 lanes=r.timeline.lanes_from)

@@ -22,7 +22,7 @@ import nbformat
 from cs336_systems.problems import PROBLEMS
 from cs336_systems.results.files import write_atomic
 from cs336_systems.writeup import templating
-from cs336_systems.writeup.context import DETAILS_DIR, Page, PageFn, RenderContext, Section, SectionFn
+from cs336_systems.writeup.context import DETAILS_DIR, Page, PageFn, RenderContext
 from cs336_systems.writeup.load import load_results
 
 README = "README.md"
@@ -66,28 +66,15 @@ def _clear(folder: Path, pattern: str) -> None:
 
 
 def _answers(pages: Sequence[Page], only_given: bool) -> list[tuple[str, str]]:
-    """(problem, answer) in the handout's order; every problem must be answered by some page."""
-    known = {p.name for p in PROBLEMS}
-    stray = sorted({name for page in pages for name in page.answers} - known)
+    """(problem, answer) in the handout's order; the whole writeup must answer every problem."""
+    stray = sorted({name for page in pages for name in page.answers} - {p.name for p in PROBLEMS})
     if stray:
         raise ValueError(f"answers to problems the handout does not have: {stray}")
-    out = []
-    for problem in PROBLEMS:
-        parts = [page.answers[problem.name].strip() for page in pages if problem.name in page.answers]
-        if not parts and not only_given:
-            raise ValueError(f"no page answers {problem.name}")
-        if parts:
-            out.append((problem.name, "\n\n".join(parts)))
-    return out
-
-
-def sections_page(sections: Sequence[SectionFn], name: str = "sections") -> PageFn:
-    """Old-style section functions rendered as one details page (no answers)."""
-    def page(ctx: RenderContext) -> Page:
-        rendered: list[Section] = [s(ctx) for s in sections]
-        return Page(name, "\n\n".join(s.markdown.strip() for s in rendered),
-                    figures=[f for s in rendered for f in s.figures])
-    return page
+    out = [(p.name, "\n\n".join(page.answers[p.name].strip() for page in pages if p.name in page.answers))
+           for p in PROBLEMS]
+    if not only_given and (missing := [name for name, text in out if not text]):
+        raise ValueError(f"no page answers {missing}")
+    return [(name, text) for name, text in out if text]
 
 
 def render_writeup(
@@ -95,7 +82,6 @@ def render_writeup(
     out_dir: Path,
     include_tags: Iterable[str] = (),
     pages: Sequence[PageFn] | None = None,
-    sections: Sequence[SectionFn] | None = None,
 ) -> RenderedWriteup:
     """Render every page from the results under ``results_root`` into ``out_dir``.
 
@@ -105,8 +91,6 @@ def render_writeup(
     """
     from cs336_systems.writeup.pages import PAGES
 
-    if sections is not None:
-        pages = [sections_page(sections)]
     whole = pages is None
     out_dir = Path(out_dir)
     inputs = load_results(Path(results_root), include_tags)
@@ -125,11 +109,7 @@ def render_writeup(
     details_dir = out_dir / DETAILS_DIR
     details_dir.mkdir(parents=True, exist_ok=True)
     _clear(details_dir, "*.md")
-    details = []
-    for page in rendered:
-        path = details_dir / f"{page.name}.md"
-        write_atomic(path, page.markdown.strip() + "\n")
-        details.append(path)
+    details = [write_atomic(details_dir / f"{p.name}.md", p.markdown.strip() + "\n") for p in rendered]
     readme = out_dir / README
     write_atomic(readme, readme_text)
     header, _, _ = readme_text.partition("\n## Answers")

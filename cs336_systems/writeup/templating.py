@@ -44,7 +44,3 @@ def render(name: str, **values: Any) -> str:
     text = _ENV.get_template(name).render(**values)
     text = re.sub(r"[ \t]+\n", "\n", text)
     return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
-
-
-def exists(name: str) -> bool:
-    return (TEMPLATES / name).is_file()
