@@ -279,7 +279,7 @@ def test_the_bucket_plan_explains_two_buckets_at_a_cap_above_all_gradients(rende
     assert f"hold all s = {fmt.mb(4 * N_PARAMETERS)} MB of gradients yet built 2 buckets" in part
     assert f"`lm_head.weight` (10000 × 64, {fmt.mb(head_bytes)} MB), exceeds it" in part
     first, rest = payloads(planted_plan(10.0))
-    assert f"- bucketed-10MB: 2 bucket(s); the first {fmt.mb(first)} MB (1 parameter(s)" in part
+    assert f"- bucketed-10MB: 2 buckets; the first {fmt.mb(first)} MB (1 parameter" in part
     assert f"then {fmt.mb(rest)} MB ({len(launch_order()) - 1})" in part
     assert "caps of 10 MB still build 2 buckets" in rendered["answers"]["ddp_bucketed_benchmarking"]
 
@@ -302,7 +302,7 @@ def test_a_sweep_inside_the_noise_does_not_match_and_says_why(tmp_path):
     sweep = answers(render_writeup(results, tmp_path / "out", pages=PAGES).readme.read_text())
     sweep = sweep["ddp_bucketed_benchmarking"]
     assert "Not here" in sweep and "none beats flat" in sweep and "none beats per-parameter" in sweep
-    assert "2 ranks × 1 thread(s) fill all 2 cores" in sweep and f"inside {ROUNDS} rounds' noise" in sweep
+    assert "2 ranks × 1 thread fill all 2 cores" in sweep and f"inside {ROUNDS} rounds' noise" in sweep
 
 
 def test_only_the_largest_size_beating_both_matches_in_part(tmp_path):

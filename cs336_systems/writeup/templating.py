@@ -5,7 +5,8 @@ header and the answers), ``answers/<problem>.md.j2`` (one per handout problem) a
 ``details/<page>.md.j2`` (one per details page). Python computes numbers, tables and figures and
 passes them in; a template says what they mean. Numbers are formatted by the filters below,
 the functions of :mod:`cs336_systems.writeup.fmt` under the same names, so
-``{{ run.median_step_s | ms }}`` writes seconds as milliseconds to three significant digits.
+``{{ run.median_step_s | ms }}`` writes seconds as milliseconds to three significant digits, and
+``{{ n | plural("bucket") }}`` writes "1 bucket" or "3 buckets".
 
 A name a template uses but was not given is an error (``StrictUndefined``), never an empty string.
 """
@@ -32,7 +33,7 @@ _ENV = jinja2.Environment(
     keep_trailing_newline=True,
     autoescape=False,
 )
-_ENV.filters.update(FILTERS)
+_ENV.filters.update(FILTERS, plural=lambda n, word: f"{n} {word}{'' if n == 1 else 's'}")
 
 
 def render(name: str, **values: Any) -> str:
