@@ -10,6 +10,7 @@ from typing import Any
 
 from cs336_basics.model import TransformerConfig, expected_parameter_count, model_config
 from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES
+from cs336_systems.bench.step.setting import LEARNING_RATE
 from cs336_systems.writeup import fmt
 from cs336_systems.writeup.load import ResultsFile
 
@@ -17,7 +18,7 @@ from cs336_systems.writeup.load import ResultsFile
 # optimizer's two moments (exp_avg, exp_avg_sq).
 TRAINING_BYTES_PER_PARAMETER = 4 * FLOAT32_BYTES
 HANDOUT_MODEL = "xl"  # the size the handout's DDP problems ask for
-OPTIMIZER, LEARNING_RATE = "AdamW", 1e-4  # what cs336_systems/bench/step/run.py steps with
+OPTIMIZER = "AdamW"  # what cs336_systems/bench/step/run.py steps with, at LEARNING_RATE
 
 
 def config_of(setting: dict[str, Any]) -> TransformerConfig | None:

@@ -34,7 +34,7 @@ from torch import nn
 from cs336_systems.bench.script import BenchmarkRun
 from cs336_systems.bench.step.probes import comm_dtype_error
 from cs336_systems.bench.step.record import StepRecord
-from cs336_systems.bench.step.setting import StepSetting
+from cs336_systems.bench.step.setting import LEARNING_RATE, StepSetting
 from cs336_systems.bench.step.variants import (
     COMPUTE_ONLY,
     TORCH_DDP,
@@ -173,7 +173,7 @@ def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> StepRun:
     work = build_workload(ctx, setting)
     threads = torch.get_num_threads()
     param_names = {id(p): n for n, p in work.module.named_parameters()}
-    optimizer = torch.optim.AdamW(work.module.parameters(), lr=1e-4)
+    optimizer = torch.optim.AdamW(work.module.parameters(), lr=LEARNING_RATE)
     variant_names = setting.variant_names()
     measured = {name: _Steps() for name in variant_names}
     layouts: dict[str, dict[str, Any]] = {}

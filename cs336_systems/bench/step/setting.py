@@ -16,6 +16,8 @@ from cs336_systems.bench.step.variants import (
 )
 from cs336_systems.bench.workload import WorkloadSetting
 
+LEARNING_RATE = 1e-4  # every variant's AdamW steps with it; the writeup's setting line names it
+
 
 @dataclass(frozen=True)
 class StepSetting(WorkloadSetting):
