@@ -151,16 +151,35 @@ def test_notebook_validates_and_carries_the_answers_first(rendered):
     assert rendered["first"].notebook.read_bytes().endswith(b"\n")
 
 
-def test_figures_and_pages_are_linked_relative_to_where_they_are_read(rendered):
-    out = rendered["root"] / "a"
-    documents = [(out, rendered["readme"])] + [(out / "details", text) for text in rendered["page"].values()]
-    images = 0
-    for folder, text in documents:
-        for link in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
-            if not re.match(r"[a-z]+:", link):
-                assert (folder / link).is_file(), link
-                images += link.endswith(".png")
-    assert images >= 5
+def anchors(markdown: str) -> set[str]:
+    """The fragments a link may name in a page: explicit ids, and headings as GitHub slugs them."""
+    ids = set(re.findall(r'<a id="([^"]+)"></a>', markdown))
+    for heading in re.findall(r"^#+ (.+)$", markdown, flags=re.M):
+        ids.add(re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-"))
+    return ids
+
+
+def links(out: Path) -> tuple[list[str], int, int]:
+    """Broken relative links (file or fragment) in a rendered writeup, and how many images and fragments it links."""
+    broken, images, fragments = [], 0, 0
+    for path in [out / "README.md", *sorted((out / "details").glob("*.md"))]:
+        for link, fragment in re.findall(r"\]\(([^)#\s]+)(?:#([^)]*))?\)", path.read_text()):
+            if re.match(r"[a-z]+:", link):
+                continue
+            target = path.parent / link
+            images += link.endswith(".png")
+            if not target.is_file():
+                broken.append(f"{path.name}: {link}")
+            elif fragment and link.endswith(".md"):
+                fragments += 1
+                if fragment not in anchors(target.read_text()):
+                    broken.append(f"{path.name}: {link}#{fragment}")
+    return broken, images, fragments
+
+
+def test_figures_pages_and_anchors_are_linked_relative_to_where_they_are_read(rendered):
+    broken, images, fragments = links(rendered["root"] / "a")
+    assert broken == [] and images >= 5 and fragments >= 3
 
 
 def test_no_results_at_all_renders_every_gap_with_its_command(tmp_path):
@@ -216,6 +235,7 @@ def test_the_committed_writeup_is_what_the_committed_results_render(tmp_path):
     committed = REPO / "writeup"
     rendered = render_writeup(RESULTS_ROOT, tmp_path)
     assert repeated_rows([p.read_text() for p in [rendered.readme, *rendered.details]]) == []
+    assert links(tmp_path)[0] == []
     fresh, kept = output_files(tmp_path), output_files(committed)
     kept = {name: data for name, data in kept.items() if not name.startswith("results/")}
     assert sorted(fresh) == sorted(kept)
