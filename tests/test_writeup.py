@@ -23,7 +23,7 @@ from cs336_systems.writeup import render_writeup
 from cs336_systems.writeup.pages import machines_page
 
 from .test_writeup_allreduce import PAYLOADS, environment, record
-from .test_writeup_ddp import TAG, build_results_tree, output_files
+from .test_writeup_ddp import TAG, answers, build_results_tree, output_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,13 +52,6 @@ def plant_extras(results: Path) -> None:
 
 ANSWER_WORDS, ANSWER_WORDS_LONG, ANSWERS_WORDS, HEADER_WORDS = 400, 700, 4000, 150
 LONG_ANSWERS = {"communication_accounting"}
-
-
-def answers(readme: str) -> dict[str, str]:
-    """The README's answers by problem, in the order they appear."""
-    body = readme.split("\n## Answers\n", 1)[1].split("\n## Details\n", 1)[0]
-    parts = re.split(r"^### (\S+)\n", body, flags=re.M)[1:]
-    return dict(zip(parts[::2], parts[1::2]))
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from cs336_systems.capacity.handout import H100, H100_MEMORY_GB, SHARDED_ACTIVAT
 from cs336_systems.capacity.handout import HANDOUT_PRECISION as PREC
 from cs336_systems.capacity.handout import VARIANT, VARIANTS, XXL, decimal_reading
 from cs336_systems.capacity.handout import XXL_MESH as MESH
-from cs336_systems.units import GB, MB
 from cs336_systems.writeup import fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 
@@ -68,14 +67,14 @@ def _numbers() -> dict:
         # The bubble (p-1)/m is relative to the ideal step; as a share of the step it is (p-1)/(m+p-1).
         bubble=cap.pipeline_bubble_fraction(stages, micro), bubble_share=(stages - 1) / (micro + stages - 1),
         pipe_resident=p * PREC.weight_comm_bytes / (stages * pipe.mesh.tensor) + s / pipe.devices,
-        replicated=cap.gathered_block_bytes(XXL, PREC, MESH.tensor) * XXL.num_blocks, GB=GB, MB=MB)
+        replicated=cap.gathered_block_bytes(XXL, PREC, MESH.tensor) * XXL.num_blocks)
 
 
 def _tables(n: dict) -> dict:
     decimal = decimal_reading(TPU_V5P, V5P_MEMORY_GB)
     cases = [(0, "none (state only)"), (n["batch"] / MESH.devices, "per device in (c), $B/N$"),
              (n["batch"] / MESH.fsdp, "per FSDP shard in (c), $B/X$"), (n["batch"], "all of (c)'s batch")]
-    fits = [[fmt.sig(tokens, 4), what, fmt.sig(cap.saved_activation_bytes(XXL, PREC, tokens) / GB, 4),
+    fits = [[fmt.sig(tokens, 4), what, fmt.gb(cap.saved_activation_bytes(XXL, PREC, tokens), 4),
              *(cap.min_fsdp_devices(XXL, PREC, chip, tokens) or "none fits" for chip in (TPU_V5P, decimal))]
             for tokens, what in cases]
     times = [[name, fmt.ms(value, 4)] for name, value in (

@@ -11,9 +11,9 @@ import math
 from typing import Any, Iterable, Sequence
 
 from cs336_systems.results.environment import Environment
-from cs336_systems.units import MB
+from cs336_systems.units import GB, MB
 
-GB = 1e9
+GB_PER_S = 1e9  # nccl-tests' GB/s
 SCIENTIFIC_BELOW, SCIENTIFIC_FROM = 1e-4, 1e7  # outside this range, plain notation gets unreadable
 
 
@@ -56,12 +56,17 @@ def us(seconds: float | None, digits: int = 3) -> str:
 
 def gbps(bytes_per_s: float | None, digits: int = 3) -> str:
     """Bytes per second shown in GB/s."""
-    return sig(None if bytes_per_s is None else bytes_per_s / GB, digits)
+    return sig(None if bytes_per_s is None else bytes_per_s / GB_PER_S, digits)
 
 
 def mb(n_bytes: float | None, digits: int = 3) -> str:
     """Bytes shown in MB (2**20 bytes)."""
     return sig(None if n_bytes is None else n_bytes / MB, digits)
+
+
+def gb(n_bytes: float | None, digits: int = 3) -> str:
+    """Bytes shown in GB (2**30 bytes)."""
+    return sig(None if n_bytes is None else n_bytes / GB, digits)
 
 
 def size_mb(value_mb: float) -> str:

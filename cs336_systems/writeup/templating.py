@@ -23,7 +23,7 @@ from cs336_systems.writeup import fmt
 
 TEMPLATES = Path(__file__).parent / "templates"
 FILTERS = {name: getattr(fmt, name) for name in
-           ("sig", "ms", "ms_interval", "us", "gbps", "mb", "size_mb", "pct", "ratio")}
+           ("sig", "ms", "ms_interval", "us", "gbps", "mb", "gb", "size_mb", "pct", "ratio")}
 
 _ENV = jinja2.Environment(
     loader=jinja2.FileSystemLoader(TEMPLATES),
