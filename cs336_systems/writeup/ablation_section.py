@@ -18,7 +18,6 @@ from cs336_systems.units import MB
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext
 from cs336_systems.writeup.ddp_analysis import STEP_KIND, ablation_runs, by_variant
-from cs336_systems.writeup.overhead_fit import settle
 from cs336_systems.writeup.paired import paired, signed_ms
 
 DEFAULT, BF16, NO_FIRST = "bucketed-25MB", "bucketed-25MB-bf16", "bucketed-25MB-no-first"
@@ -28,7 +27,7 @@ LEVER_OFF = (("gradient views", "bucketed-25MB-copy"), ("first-bucket cap", NO_F
 
 
 def _run(machine, results) -> dict:
-    records: list[StepRecord] = settle(results.records)
+    records: list[StepRecord] = results.records
     v = by_variant(records)
     floor, torch_ddp, default, bf16 = v.get(COMPUTE_ONLY), v.get(TORCH_DDP), v.get(DEFAULT), v.get(BF16)
     against = {r.variant: paired(r, torch_ddp) for r in records

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from cs336_systems.bench.allreduce.record import AllReduceRecord, bus_bandwidth_factor
 from cs336_systems.ddp.overhead_model import fit_latency_bandwidth
+from cs336_systems.writeup.load import settled
 
 
 @dataclass(frozen=True, order=True)
@@ -67,9 +68,9 @@ class LinkFit:
 
 
 def fit_group(group: list[AllReduceRecord]) -> LinkFit | str:
-    """The least-squares fit, or why there is none."""
+    """The least-squares fit, settled (a solve may round differently on another CPU), or why there is none."""
     try:
         o, w, r2 = fit_latency_bandwidth([r.payload_bytes for r in group], [r.median_s or 0.0 for r in group])
     except ValueError as e:
         return str(e)
-    return LinkFit(o, w, r2, len(group))
+    return LinkFit(settled(o), settled(w), settled(r2), len(group))

@@ -13,7 +13,6 @@ from cs336_systems.bench.step.variants import TORCH_DDP
 from cs336_systems.ddp.auto_bucket import TUNING_ROUNDS
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext
-from cs336_systems.writeup.overhead_fit import settle
 from cs336_systems.writeup.paired import paired, signed_ms
 
 
@@ -37,7 +36,7 @@ def _model(r: FamilyRecord) -> dict:
 
 
 def _run(machine, results) -> dict:
-    models = [_model(r) for r in settle(results.records)]
+    models = [_model(r) for r in results.records]
     env, threads = results.environment, results.notes.get("threads_per_rank")
     warmup = results.setting.get("warmup_steps", 0)
     return dict(

@@ -7,7 +7,8 @@ Layout (see :mod:`cs336_systems.results.paths`)::
     <results root>/<machine tag>/profile/trace_*.json*   the profiler's raw Chrome traces
 
 Each file is read as a :class:`~cs336_systems.results.files.ResultsFile` whose ``source`` is
-"<machine tag>/<file name>", the path shown to readers. A kind may have several files, e.g. ``ddp_step.json`` and ``ddp_step-ablation.json``; they are
+"<machine tag>/<file name>", the path shown to readers, and its records' floats settled to
+``INPUT_DIGITS`` significant digits (:func:`settle`). A kind may have several files, e.g. ``ddp_step.json`` and ``ddp_step-ablation.json``; they are
 its runs, in sorted order. Folders whose name starts with ``quick`` hold smoke runs and are
 skipped unless asked for by name. A file that cannot be read (truncated, another schema
 version, not a results file) is set aside and named in the writeup, which goes on with the
@@ -16,13 +17,37 @@ rest. Everything is read in sorted order, so the same files always give the same
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from cs336_systems.results.files import ResultsError, ResultsFile
 from cs336_systems.results.kinds import read_any
 from cs336_systems.results.paths import PROFILE_DIR, SMOKE_PREFIX
+
+
+DIGITS = 4  # fitted numbers: more than the pages show (3), far fewer than float noise between CPUs (~15)
+INPUT_DIGITS = 9  # measured values: microseconds of a second-long step, not the last bits of a float
+
+
+def settled(value: float, digits: int = DIGITS) -> float:
+    """``value`` to ``digits`` significant digits: what is shown or drawn never carries float noise."""
+    return float(f"{value:.{digits}g}")
+
+
+def settle(obj: Any, digits: int = INPUT_DIGITS) -> Any:
+    """A record (dataclass, list, dict) with every float settled: the same pages from noisy copies of it."""
+    if isinstance(obj, float):
+        return settled(obj, digits)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(settle(x, digits) for x in obj)
+    if isinstance(obj, dict):
+        return {k: settle(x, digits) for k, x in obj.items()}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: settle(getattr(obj, f.name), digits)
+                                           for f in dataclasses.fields(obj) if f.init})
+    return obj
 
 
 @dataclass
@@ -75,7 +100,8 @@ def load_machine(folder: Path) -> MachineResults:
         name = path.relative_to(folder).as_posix()
         source = f"{tag}/{name}"
         try:
-            machine.files[name.removesuffix(".json")] = read_any(path, source)
+            results = read_any(path, source)
+            machine.files[name.removesuffix(".json")] = dataclasses.replace(results, records=settle(results.records))
         except ResultsError as e:
             machine.unreadable[name] = str(e)
     return machine

@@ -2,16 +2,14 @@
 
 The fit is :func:`cs336_systems.ddp.overhead_model.fit_latency_bandwidth` (through ``fit_group``); its
 intervals resample each payload's timed iterations with a fixed seed, payloads in a fixed order. A
-least-squares solve may round differently on another CPU, so every fitted number is kept to
-``DIGITS`` significant digits (:func:`settled`): the page and its figure then do not depend on the
-machine that renders them.
+least-squares solve may round differently on another CPU, so ``fit_group`` and the intervals keep
+every fitted number to a few significant digits (:func:`~cs336_systems.writeup.load.settled`): the
+page and its figure then do not depend on the machine that renders them.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -19,36 +17,15 @@ from cs336_systems.bench.allreduce.record import AllReduceRecord
 from cs336_systems.ddp.overhead_model import FitIntervals, bootstrap_latency_bandwidth
 from cs336_systems.writeup import fmt
 from cs336_systems.writeup.allreduce_analysis import CommGroup, LinkFit, comm_groups, fit_group
-from cs336_systems.writeup.load import MachineResults
+from cs336_systems.writeup.load import MachineResults, settled
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
-DIGITS = 4  # far more than the page shows (3) and far fewer than the float noise between CPUs (~15)
-INPUT_DIGITS = 9  # measured times keep microseconds of a second-long step, not the last bits of a float
-
-
-def settled(value: float, digits: int = DIGITS) -> float:
-    """``value`` to ``digits`` significant digits: what is shown or drawn never carries float noise."""
-    return float(f"{value:.{digits}g}")
 
 
 def drawn_ms(seconds) -> np.ndarray:
     """Seconds as the milliseconds a figure draws: settled."""
     return np.array([settled(v * 1e3) for v in seconds])
-
-
-def settle(obj: Any, digits: int = INPUT_DIGITS) -> Any:
-    """A record (dataclass, list, dict) with every float settled: the same page from noisy copies of it."""
-    if isinstance(obj, float):
-        return settled(obj, digits)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(settle(x, digits) for x in obj)
-    if isinstance(obj, dict):
-        return {k: settle(x, digits) for k, x in obj.items()}
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: settle(getattr(obj, f.name), digits)
-                                           for f in dataclasses.fields(obj) if f.init})
-    return obj
 
 
 @dataclass(frozen=True)
@@ -57,7 +34,7 @@ class GroupFit:
 
     group: CommGroup
     records: list[AllReduceRecord]  # measured, by payload
-    fit: LinkFit | str  # the fit (rounded by settled), or why there is none
+    fit: LinkFit | str  # the fit (settled by fit_group), or why there is none
     intervals: FitIntervals | None  # None without a fit or without iteration times
 
 
@@ -65,7 +42,6 @@ def fit_with_intervals(group: CommGroup, records: list[AllReduceRecord]) -> Grou
     fit = fit_group(records)
     if isinstance(fit, str):
         return GroupFit(group, records, fit, None)
-    fit = LinkFit(settled(fit.o_s), settled(fit.w_bytes_per_s), settled(fit.r2), fit.n_points)
     intervals = None
     if all(r.times_s for r in records):
         try:
@@ -82,7 +58,7 @@ def machine_fits(machine: MachineResults) -> list[GroupFit]:
     """Every line of the machine's all-reduce runs, the first run's where two runs share one."""
     fits: dict[CommGroup, GroupFit] = {}
     for results in machine.runs(AllReduceRecord.KIND):
-        for group, records in comm_groups(settle(results.records)).items():
+        for group, records in comm_groups(results.records).items():
             if group not in fits:
                 fits[group] = fit_with_intervals(group, records)
     return list(fits.values())

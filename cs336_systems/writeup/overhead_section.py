@@ -22,7 +22,7 @@ from cs336_systems.writeup.ddp_analysis import (STEP_KIND, OverheadPrediction, b
                                                 largest_parameter_bytes, predict_overhead, step_runs)
 from cs336_systems.writeup.figures import error_bars, save
 from cs336_systems.writeup.load import MachineResults, ResultsFile
-from cs336_systems.writeup.overhead_fit import FIT_HEADERS, fit_row, machine_fits, settle, drawn_ms as _ms
+from cs336_systems.writeup.overhead_fit import FIT_HEADERS, fit_row, machine_fits, drawn_ms as _ms
 
 RATIO_BAND = 0.30  # predicted / measured within 1 ± this counts as the model holding
 WORKLOAD_KEYS = ("model_size", "context_length", "global_batch")  # what a profile must share with a step run
@@ -37,7 +37,7 @@ def profiled_backward(machine: MachineResults, results: ResultsFile) -> tuple[fl
                 env.backend, env.device_type, env.world_size) or any(
                 f.setting.get(k) != results.setting.get(k) for k in WORKLOAD_KEYS):
             continue
-        seconds = {r.variant: statistics.median(t.backward_us for t in r.timelines) * 1e-6 for r in settle(f.records)}
+        seconds = {r.variant: statistics.median(t.backward_us for t in r.timelines) * 1e-6 for r in f.records}
         if "naive" in seconds:
             return seconds["naive"], seconds.get("per-parameter"), f.source
     return None
@@ -92,7 +92,7 @@ def _prediction(ctx: RenderContext, machine: MachineResults, results: ResultsFil
                if env.device_type == "cuda" else coverage.CPU.command, why=None, p=None)
     g = next((g for g in machine_fits(machine) if (g.group.backend, g.group.device_type, g.group.world_size,
               g.group.shared_gpu) == (env.backend, env.device_type, env.world_size, env.shared_gpu)), None)
-    records = settle(results.records)
+    records = results.records
     n_parameters, sweep = results.notes.get("n_parameters"), bucket_sweep(records)
     if env.world_size == 1 or g is None or isinstance(g.fit, str) or not n_parameters or not sweep:
         return {**out, "why": "one rank" if env.world_size == 1 else "no fit" if g is None else
