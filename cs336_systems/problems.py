@@ -9,58 +9,40 @@ optimizer state sharding), and the FSDP problems the 2026 edition adds; ``editio
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from cs336_systems.results.schema import Record
-from grading.problems import POINTS  # the handout's points, kept with the grader that awards them
 
+# The one source of the handout's problems, points and editions, which the grader reads too.
+PROBLEMS_FILE = Path(__file__).resolve().parents[1] / "grading" / "problems.toml"
 CODE, MEASURED, WRITTEN = "code", "measured", "written"  # what a problem's deliverable is
 
 
 @dataclass(frozen=True)
 class Problem:
     name: str  # the handout's name for it
+    points: int  # the handout's
+    editions: tuple[str, ...]  # "2025", "2026" or both
     deliverable: str  # CODE (graded by tests), MEASURED (a benchmark and its writeup), WRITTEN (analysis)
     where: tuple[str, ...]  # the code that answers it, from the repository root
     tested: bool  # graded by the test suite (the grade table's rows)
 
     @property
-    def points(self) -> int:
-        """The handout's points (grading/problems.py)."""
-        return POINTS[self.name][0]
-
-    @property
     def edition(self) -> str:
         """"2025", "2026" or "both"."""
-        editions = POINTS[self.name][1]
-        return editions[0] if len(editions) == 1 else "both"
+        return self.editions[0] if len(self.editions) == 1 else "both"
 
 
-PROBLEMS: tuple[Problem, ...] = (
-    Problem("distributed_communication_single_node", MEASURED,
-            ("cs336_systems/bench/allreduce/", "scripts/bench_allreduce.py"), True),
-    Problem("naive_ddp", CODE,
-            ("cs336_systems/ddp/naive.py", "cs336_systems/bench/equivalence.py", "scripts/naive_ddp.py"), True),
-    Problem("naive_ddp_benchmarking", MEASURED, ("cs336_systems/bench/step/", "scripts/bench_ddp.py"), True),
-    Problem("minimal_ddp_flat_benchmarking", MEASURED,
-            ("cs336_systems/ddp/flat.py", "cs336_systems/bench/step/"), True),
-    Problem("ddp_overlap_individual_parameters", CODE,
-            ("cs336_systems/ddp/per_parameter.py", "cs336_systems/ddp/overlap.py"), True),
-    Problem("ddp_overlap_individual_parameters_benchmarking", MEASURED,
-            ("cs336_systems/bench/step/", "cs336_systems/bench/profile/", "scripts/profile_ddp.py"), True),
-    Problem("ddp_overlap_bucketed", CODE,
-            ("cs336_systems/ddp/bucketed.py", "cs336_systems/ddp/bucket.py", "cs336_systems/ddp/overlap.py"), True),
-    Problem("ddp_bucketed_benchmarking", MEASURED,
-            ("cs336_systems/bench/step/", "cs336_systems/ddp/overhead_model.py"), True),
-    Problem("communication_accounting", WRITTEN,
-            ("cs336_systems/capacity/", "cs336_systems/writeup/communication_accounting_section.py"), False),
-    Problem("optimizer_state_sharding", CODE, ("cs336_systems/zero/",), True),
-    Problem("optimizer_state_sharding_accounting", MEASURED,
-            ("cs336_systems/bench/accounting/", "scripts/bench_sharded_optimizer.py"), False),
-    Problem("fsdp", CODE, ("cs336_systems/fsdp/",), True),
-    Problem("fsdp_accounting", MEASURED, ("cs336_systems/bench/fsdp/", "scripts/bench_fsdp.py"), False),
-)
+def _load() -> tuple[Problem, ...]:
+    table = tomllib.loads(PROBLEMS_FILE.read_text())["problems"]
+    return tuple(Problem(name, p["points"], tuple(p["editions"]), p["deliverable"], tuple(p["where"]), p["tested"])
+                 for name, p in table.items())
+
+
+PROBLEMS: tuple[Problem, ...] = _load()
 BY_NAME = {p.name: p for p in PROBLEMS}
 TESTED_POINTS = {p.name: p.points for p in PROBLEMS if p.tested}
 

@@ -2,12 +2,19 @@
 
 What a submission gets, and what it does not:
 * a scratch copy of its tree (a zip is unpacked with every path checked), never this repository's
-  packages: the grader's own package is copied beside it and first on the path;
+  packages; its code runs only in rank processes (ranks.py), which import it after the standard
+  library and site-packages and hold no capability;
+* the grade is decided elsewhere: pytest runs the grader's copy of the suite with only the grader
+  on its path, trains the reference and compares (checks.py), and sends each outcome to this
+  process through a pipe no rank holds; both are not dumpable, so no rank can trace them or open
+  their descriptors;
 * a scrubbed environment (PATH, a scratch HOME and TMPDIR, one thread per rank, nothing else);
 * ``resource`` limits on every process it starts: address space, CPU time, open files, file size;
-* where Linux allows it (``unshare -rn`` as an unprivileged user), private user, network and PID
-  namespaces: its own loopback (fixed ports never collide between submissions graded side by side,
-  and there is no network), and every process it started dies with the namespace;
+* where Linux allows it (``unshare -rn`` as an unprivileged user), private user, network, mount and
+  PID namespaces: its own loopback (fixed ports never collide between submissions graded side by
+  side, and there is no network), a read-only view of every file system but its scratch folders
+  (sandbox.py), its own /proc, in which this process and other submissions' do not appear, and
+  every process it started dies with the namespace;
 * without namespaces, its own session: the process group, then every process carrying the run's
   token in its environment, is killed at the end (a double-forked daemon included);
 * a deadline per test (ranks.py) and one for the whole submission.
@@ -25,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import zipfile
@@ -33,8 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grading import report
-from grading.problems import GRADED
-from grading.submission import adapters_file, detect_edition, find_root, python_roots
+from grading.problems import GRADED, hand_graded
+from grading.sandbox import not_dumpable
+from grading.submission import adapters_file, detect_edition, find_root, missing_packages, python_roots
 
 GRADER_DIR = Path(__file__).resolve().parent
 MAX_UNPACKED_BYTES = 2 << 30
@@ -146,6 +155,7 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
 
     ``only`` grades just those problems, and ``select`` (a pytest ``-k`` expression) just those
     tests: the grader's own tests use them to stay quick."""
+    not_dumpable()  # this process records the grade
     start = time.monotonic()
     name = submission.resolve().name.removesuffix(".zip")
     out.mkdir(parents=True, exist_ok=True)
@@ -168,20 +178,23 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
             notes = dict.fromkeys(GRADED[edition], error)
         entries: list[dict] = []
         not_run = "not run"
+        missing = missing_packages(root, adapters, edition) if not notes else []
         if not notes:
             use_namespaces = namespaces_available()
             if use_namespaces:
-                isolation += ", private network and PID namespaces"
+                isolation += ", private network, mount and PID namespaces, read-only file systems"
             entries, not_run = _run_suite(scratch, root, edition, repeats, limits, token, use_namespaces, out,
                                           only, select)
-        tests = report.grade_tests(entries, edition, notes, not_run, only)
-        rows = report.problem_grades(tests, edition, only)
+        problems = report.graded(edition, only)
+        tests = report.grade_tests(entries, problems, notes, not_run)
+        rows = report.problem_grades(tests, problems, hand_graded(edition))
         seconds = time.monotonic() - start
         header = (f"Edition {edition}; {repeats} run(s) per test, a test scores only if all pass; "
                   f"isolation: {isolation}; graded in {seconds:.0f} s.")
-        report.write_outputs(out, name, header, tests, rows, seconds)
+        report.write_outputs(out, name, header, tests, rows, seconds, missing)
         if not quiet:
             print(f"{name}: {header}")
+            print("\n".join(missing))
             print("\n".join(report.table_lines(rows)))
             print(f"written: {out / 'results.json'}, {out / 'grade.md'}")
         return Graded(name, rows, tests, seconds)
@@ -194,37 +207,49 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
 def _run_suite(scratch: Path, root: Path, edition: str, repeats: int, limits: Limits, token: str,
                use_namespaces: bool, out: Path, only: tuple[str, ...] | None,
                select: str | None = None) -> tuple[list[dict], str]:
-    """Run the suite on the submission in a contained process; the plugin's JSON lines."""
+    """Run the suite on the submission in a contained process; the outcomes its plugin sent.
+
+    pytest imports only the grader's copy (its path is that copy and site-packages: never the
+    submission's folders, never this repository); the submission's folders reach the ranks as
+    a variable, and they put them last on their own path."""
     grader = scratch / "grader"
     shutil.copytree(GRADER_DIR, grader / "grading", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (grader / "pytest.ini").write_text("[pytest]\n")
     home = scratch / "home"
     (home / "tmp").mkdir(parents=True)
-    results = scratch / "runs.jsonl"
+    roots = python_roots(root)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(home / "tmp"),
         "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-        "PYTHONPATH": os.pathsep.join([str(grader), *map(str, python_roots(root))]),
+        "PYTHONPATH": str(grader), "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
         "GRADING_TOKEN": token, "GRADING_EDITION": edition,
-        "GRADING_SUBMISSION_ROOTS": os.pathsep.join(map(str, python_roots(root))),
+        "GRADING_SUBMISSION_ROOTS": os.pathsep.join(map(str, roots)),
         "GRADING_TEST_TIMEOUT": str(limits.test_timeout_s),
+        "GRADING_HIDE": str(GRADER_DIR.parent),  # this repository, if installed: never the submission's
+        "GRADING_WRITABLE": os.pathsep.join([str(scratch / "submission"), str(home)]),
     }
     if only:
         env["GRADING_PROBLEMS"] = ",".join(only)
+    reader, writer = os.pipe()
     pytest_args = ["-c", str(grader / "pytest.ini"), "--rootdir", str(grader),
                    "-p", "grading.plugin", "-p", "no:cacheprovider", "-q", "--tb=short",
-                   f"--grading-repeats={repeats}", f"--grading-json={results}",
+                   f"--grading-repeats={repeats}", f"--grading-fd={writer}",
                    "-o", f"timeout={int(limits.test_timeout_s + 60)}", str(grader / "grading" / "suite"),
                    *(["-k", select] if select else [])]
-    env["GRADING_HIDE"] = str(GRADER_DIR.parent)  # this repository, if installed: never the submission's
     command = [sys.executable, "-m", "grading.sandbox", *pytest_args]
     if use_namespaces:
         env["GRADING_NETNS"] = "1"
-        command = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", *command]
+        command = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--mount", "--mount-proc", "--fork",
+                   "--kill-child", *command]
     not_run = "not run"
+    lines: list[bytes] = []
     with open(out / "pytest.log", "wb") as log:
         proc = subprocess.Popen(command, cwd=grader, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_limit(limits))
+                                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_limit(limits),
+                                pass_fds=(writer,))
+        os.close(writer)
+        collector = threading.Thread(target=_collect, args=(reader, lines), daemon=True)
+        collector.start()
         try:
             proc.wait(timeout=limits.submission_timeout_s)
         except subprocess.TimeoutExpired:
@@ -236,18 +261,27 @@ def _run_suite(scratch: Path, root: Path, edition: str, repeats: int, limits: Li
                 pass
             proc.wait()
             kill_tagged(token)
+            collector.join(timeout=10)
+    if proc.returncode not in (0, 1, 5) and not_run == "not run":  # 1: some test failed; 5: none selected
+        not_run = f"not run: the suite stopped (pytest exit status {proc.returncode})"
     entries = []
-    if results.exists():
-        for line in results.read_text().splitlines():
-            try:
-                entries.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in b"".join(lines).splitlines():
+        try:
+            entries.append(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
     if not entries:  # the suite itself could not start: say why, in one line, from its log
-        lines = [ln.strip() for ln in (out / "pytest.log").read_text(errors="replace").splitlines() if ln.strip()]
-        errors = [ln for ln in lines if "Error" in ln]
-        not_run = f"the suite did not start: {(errors or lines or ['no output'])[-1][:300]}"
+        text = [ln.strip() for ln in (out / "pytest.log").read_text(errors="replace").splitlines() if ln.strip()]
+        errors = [ln for ln in text if "Error" in ln]
+        not_run = f"the suite did not start: {(errors or text or ['no output'])[-1][:300]}"
     return entries, not_run
+
+
+def _collect(fd: int, into: list[bytes]) -> None:
+    """Read the plugin's outcomes until pytest (the only holder of the write end) is gone."""
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        while chunk := pipe.read(1 << 16):
+            into.append(chunk)
 
 
 def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, limits: Limits,

@@ -1,15 +1,17 @@
-"""pytest plugin of a grading run: repeats every test, writes each outcome as JSON.
+"""pytest plugin of a grading run: repeats every test, sends each outcome to the harness.
 
 ``--grading-repeats N`` runs every test N times (ids end in ``-rep1`` … ``-repN``); the report
-(report.py) scores a test only if all its repetitions passed. ``--grading-json PATH`` writes (JSON
-lines) each collected test, then one entry per test run: id without the repetition, problem, passed, the one-line reason, seconds.
-The harness runs pytest with ``--tb=no -q`` and its output into a log file: the console never
-shows a traceback, and the reason the grade gives is the last line of the failure.
+(report.py) scores a test only if all its repetitions passed. ``--grading-fd FD`` is the write
+end of a pipe the harness holds the other end of: the plugin writes a JSON line for each
+collected test (its problem, whether it is beyond the handout, the requirement its docstring
+names), then one per test run (passed, the one-line reason, seconds). No rank holds that pipe,
+and no file on disk carries outcomes, so a submission cannot write one.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import pytest
@@ -20,12 +22,13 @@ REPEAT_ID = re.compile(r"rep\d+")
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("grading")
     group.addoption("--grading-repeats", type=int, default=1, help="run every test this many times")
-    group.addoption("--grading-json", default=None, help="write every test run's outcome here")
+    group.addoption("--grading-fd", type=int, default=None, help="write every test's outcome to this descriptor")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "problem(name): the handout problem a test grades")
-    config.pluginmanager.register(_Recorder(config.getoption("--grading-json")), "grading-recorder")
+    config.addinivalue_line("markers", "beyond_handout: a check beyond the handout, reported for 0 points")
+    config.pluginmanager.register(_Recorder(config.getoption("--grading-fd")), "grading-recorder")
 
 
 @pytest.fixture(autouse=True)
@@ -49,6 +52,12 @@ def test_name(nodeid: str) -> str:
     return nodeid.removeprefix("grading/suite/")
 
 
+def requirement(item: pytest.Item) -> str:
+    """The first paragraph of a test's docstring, on one line: what the handout asks that it checks."""
+    doc = getattr(getattr(item, "function", None), "__doc__", None) or ""
+    return " ".join(doc.strip().split("\n\n")[0].split())
+
+
 def reason_of(report: pytest.TestReport) -> str:
     text = report.longreprtext.strip() if report.longrepr else ""
     if isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
@@ -57,34 +66,38 @@ def reason_of(report: pytest.TestReport) -> str:
     if not lines:
         return ""
     errors = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
-    return (errors[0] if errors else lines[-1]).strip()
+    return (errors[0] if errors else lines[-1]).strip().removeprefix("AssertionError: ")
 
 
 class _Recorder:
-    def __init__(self, path: str | None):
-        self.path = path
+    def __init__(self, fd: int | None):
+        self.fd = fd
         self.problem: dict[str, str] = {}
 
     def _write(self, entry: dict) -> None:
-        """One JSON line, written at once: a run killed at its time limit keeps what it graded."""
-        if self.path:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(entry) + "\n")
+        """One JSON line, written at once: a run stopped at its time limit keeps what it graded."""
+        if self.fd is not None:
+            data = (json.dumps(entry) + "\n").encode()
+            while data:
+                data = data[os.write(self.fd, data):]
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        collected = {}
         for item in items:
             marker = item.get_closest_marker("problem")
             self.problem[item.nodeid] = marker.args[0] if marker else "beyond"
-        collected = {test_name(item.nodeid): self.problem[item.nodeid] for item in items}  # repeats collapse
-        for name, problem in collected.items():
-            self._write({"collected": name, "problem": problem})
+            collected[test_name(item.nodeid)] = {  # repeats collapse
+                "collected": test_name(item.nodeid), "problem": self.problem[item.nodeid],
+                "beyond": item.get_closest_marker("beyond_handout") is not None, "requirement": requirement(item)}
+        for entry in collected.values():
+            self._write(entry)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" or report.failed or report.skipped:
             if report.when != "call" and report.passed:
                 return
             self._write({"test": test_name(report.nodeid), "problem": self.problem.get(report.nodeid, "beyond"),
-                              "passed": report.passed, "skipped": report.skipped,
-                              "reason": "" if report.passed else reason_of(report),
-                              "seconds": round(report.duration, 2)})
+                         "passed": report.passed, "skipped": report.skipped,
+                         "reason": "" if report.passed else reason_of(report),
+                         "seconds": round(report.duration, 2)})

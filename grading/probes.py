@@ -6,13 +6,15 @@
 * ``BackwardProbe`` is an identity layer whose backward marks the moment the gradients of every
   layer above it are done and only the layers below remain: a collective logged before that
   moment overlapped backward.
-* ``tensor_bytes_reachable`` sums the storage bytes an object holds, however it nests them.
+* ``held_tensors`` lists the tensor storages an object holds, however it nests them, each with
+  the path to it: the evidence a memory check shows.
 """
 
 from __future__ import annotations
 
 import gc
 import types
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -85,33 +87,76 @@ def mark_backward_start() -> None:
     LOG.in_backward = True
 
 
-def tensor_bytes_reachable(root: object, exclude: set[int] = frozenset()) -> int:
-    """Bytes of every distinct tensor storage reachable from ``root``, except storages whose
-    data pointer is in ``exclude``. Follows containers, instance attributes, modules' parameter,
-    buffer and submodule tables, tensor attributes and closures; not modules or globals."""
+@dataclass(frozen=True)
+class Holder:
+    """One tensor storage an object keeps alive, and the shortest way to it from that object."""
+
+    path: str  # e.g. ``fsdp.module.up.full_copy`` or ``optimizer.state[<Parameter 32×32>]['exp_avg']``
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+    def line(self) -> str:
+        shape = "×".join(map(str, self.shape)) or "scalar"
+        return f"{self.path} → tensor {shape} {self.dtype} ({self.nbytes} bytes)"
+
+
+def held_tensors(root: object, name: str, exclude: set[int] = frozenset()) -> list[Holder]:
+    """Every distinct tensor storage reachable from ``root`` (largest first), except storages whose
+    data pointer is in ``exclude``, each with the shortest path to it (breadth first). Follows
+    containers (dict keys too), instance attributes and slots, modules' parameter, buffer, hook
+    and submodule tables, tensor attributes, bound methods and closures; not modules or classes."""
     seen: set[int] = set()
-    storages: dict[int, int] = {}
-    stack = [root]
-    skip = (types.ModuleType, type, types.BuiltinFunctionType, str, bytes, int, float, bool)
-    while stack and len(seen) < 500_000:
-        obj = stack.pop()
-        if id(obj) in seen or isinstance(obj, skip) or obj is None:
+    found: dict[int, Holder] = {}
+    queue: deque[tuple[object, str]] = deque([(root, name)])
+    skip = (types.ModuleType, type, types.BuiltinFunctionType, str, bytes, int, float, bool, types.FrameType)
+    while queue and len(seen) < 500_000:
+        obj, path = queue.popleft()
+        if obj is None or id(obj) in seen or isinstance(obj, skip):
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
             if obj.device.type != "meta":
                 storage = obj.untyped_storage()
-                if storage.data_ptr() not in exclude:
-                    storages[storage.data_ptr()] = storage.nbytes()
-            stack.extend(getattr(obj, "__dict__", {}).values())
+                if storage.data_ptr() not in exclude and storage.data_ptr() not in found:
+                    found[storage.data_ptr()] = Holder(path, tuple(obj.shape), str(obj.dtype).removeprefix("torch."),
+                                                       storage.nbytes())
+            queue.extend((v, f"{path}.{k}") for k, v in getattr(obj, "__dict__", {}).items())
             continue
         if isinstance(obj, types.FunctionType):
-            stack.extend(c.cell_contents for c in (obj.__closure__ or ()) if _filled(c))
-            continue
-        if isinstance(obj, (dict, list, tuple, set, frozenset, types.MethodType)) or hasattr(obj, "__dict__") \
-                or hasattr(type(obj), "__slots__"):
-            stack.extend(r for r in gc.get_referents(obj) if not isinstance(r, types.FrameType))
-    return sum(storages.values())
+            cells = zip(obj.__code__.co_freevars, obj.__closure__ or ())
+            queue.extend((c.cell_contents, f"{path}.<{var}>") for var, c in cells if _filled(c))
+        elif isinstance(obj, types.MethodType):
+            queue.append((obj.__self__, path))
+        elif isinstance(obj, dict):
+            for k, v in list(obj.items()):
+                queue.append((v, f"{path}[{_label(k)}]"))
+                queue.append((k, f"{path} key {_label(k)}"))
+        elif isinstance(obj, (list, tuple)):
+            queue.extend((v, f"{path}[{i}]") for i, v in enumerate(obj))
+        elif isinstance(obj, (set, frozenset)):
+            queue.extend((v, f"{path}{{…}}") for v in obj)
+        elif isinstance(obj, torch.nn.Module):  # by the names a reader knows: fsdp.module.up.weight
+            tables = ("_modules", "_parameters", "_buffers")
+            queue.extend((v, f"{path}.{k}") for t in tables for k, v in getattr(obj, t, {}).items())
+            queue.extend((v, f"{path}.{k}") for k, v in vars(obj).items() if k not in tables)
+        else:
+            named = dict(getattr(obj, "__dict__", {}))
+            for slot in getattr(type(obj), "__slots__", ()):
+                if isinstance(slot, str) and hasattr(obj, slot):
+                    named[slot] = getattr(obj, slot)
+            queue.extend((v, f"{path}.{k}") for k, v in named.items())
+            known = {id(v) for v in named.values()} | {id(getattr(obj, "__dict__", None))}
+            queue.extend((r, f"{path}.<ref>") for r in gc.get_referents(obj) if id(r) not in known)
+    return sorted(found.values(), key=lambda h: -h.nbytes)
+
+
+def _label(key: object) -> str:
+    if isinstance(key, torch.Tensor):
+        return f"<{type(key).__name__} {'×'.join(map(str, key.shape))}>"
+    if isinstance(key, (str, int, float, bool)):
+        return repr(key)
+    return f"<{type(key).__name__}>"
 
 
 def _filled(cell) -> bool:

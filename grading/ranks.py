@@ -1,30 +1,43 @@
-"""Running one test's ranks: fresh processes, a deadline, and one line that says what went wrong.
+"""Running one test's ranks: the only processes that run a submission's code.
 
-Student code runs only here, never in the pytest process: each test forks ``world_size`` new
-processes that have torch imported already (a spawn costs seconds of imports, a fork
-milliseconds), joins them to a gloo group through a file store (no
-rendezvous port to collide with another grader), and runs a rank function of the suite. The
-parent waits until a deadline; a rank that raises or a group that hangs is killed, whole, and
-the test fails with a one-line reason (``file:line: what``) instead of a traceback.
+Each test starts ``world_size`` processes from a fork server that imported torch and the
+suite's rank-side code (``grading.training``) but never the submission (a fresh interpreter per
+rank costs seconds; a fork, milliseconds). A rank first gives up every capability it has and
+could regain (``confine``), puts the submission's folders on ``sys.path`` *after* the standard
+library and site-packages, joins a gloo group through a file store, runs a rank function on
+the data the grader sent, and writes its report to a pipe of its own in ``grading.wire``'s
+format, then leaves without finalizing the interpreter (gloo's teardown can abort a rank that
+finished its work; the report is sent by then).
+
+The grader process (pytest) never imports the submission, reads reports without unpickling
+them, and decides: it waits until a deadline, and a rank that raised, died, left without a
+report or hung fails the test with a one-line reason (``file:line: what``). A rank holds no
+descriptor of the grader's but its own pipe: the fork server starts from a clean exec, and its
+children close what it holds.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
-import queue
+import select
+import signal
+import struct
 import sys
 import tempfile
-import threading
 import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
+from grading import wire
+
 # Set by the harness; a test run by hand gets the defaults.
 TEST_TIMEOUT_S = float(os.environ.get("GRADING_TEST_TIMEOUT", "60"))
 GRACE_AFTER_ERROR_S = 5.0  # how long peers of a failed rank may take to fail or finish on their own
+_FRAME = struct.Struct("<Q")
 
 
 class RankFailure(Exception):
@@ -50,138 +63,210 @@ def submission_roots() -> list[str]:
     return roots.split(os.pathsep) if roots else [os.getcwd()]
 
 
-def where_in_submission(tb: traceback.StackSummary | list[traceback.FrameSummary]) -> str | None:
+def where_in_submission(tb: traceback.StackSummary | list[traceback.FrameSummary],
+                        roots: list[str] | None = None) -> str | None:
     """``file:line`` of the innermost frame in the submission's own files, relative to its root."""
-    roots = [os.path.realpath(r) for r in submission_roots()]
+    real = [os.path.realpath(r) for r in (roots or submission_roots())]
     for frame in reversed(list(tb)):
         path = os.path.realpath(frame.filename)
-        for root in roots:
+        for root in real:
             if path.startswith(root + os.sep) and "site-packages" not in path:
                 return f"{os.path.relpath(path, root)}:{frame.lineno}"
     return None
 
 
-def one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException, roots: list[str] | None = None) -> str:
     """An exception as the single line a grade shows: where in the submission, then what."""
     if isinstance(exc, SyntaxError) and exc.filename:
-        where = where_in_submission([traceback.FrameSummary(exc.filename, exc.lineno or 0, "")])
+        where = where_in_submission([traceback.FrameSummary(exc.filename, exc.lineno or 0, "")], roots)
         return f"{where or exc.filename}: SyntaxError: {exc.msg}"
-    where = where_in_submission(traceback.extract_tb(exc.__traceback__))
+    where = where_in_submission(traceback.extract_tb(exc.__traceback__), roots)
     if type(exc).__name__ == "AdapterMissing":
         return str(exc)
-    if isinstance(exc, AssertionError):  # the suite's own checks say what they found
+    if isinstance(exc, AssertionError):  # the suite's own in-rank checks say what they found
         return str(exc).splitlines()[0] if str(exc) else "assertion failed"
     what = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
     if isinstance(exc, NotImplementedError):
         what = "NotImplementedError (adapter not implemented)"
+    elif isinstance(exc, SystemExit):
+        what = f"the submission called sys.exit({exc.code!r})"
     return f"{where}: {what}" if where else what
 
 
-def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, args: tuple,
-               results: Any) -> None:
-    """Entry point of one forked rank: join the group, run ``fn``, report, leave."""
-    import torch
-    import torch.distributed as dist
+def confine() -> None:
+    """Give up every capability this process has, and the means to regain one.
 
-    torch.set_num_threads(1)
+    The grader's own processes are not dumpable: a process of the same user may then trace
+    them, or open their descriptors under ``/proc``, only with CAP_SYS_PTRACE. As root (CI,
+    Gradescope) or as root of a user namespace a rank would have it; after this it has none,
+    not even through exec (no new privileges, root not special, no ambient set)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_dumpable, pr_set_no_new_privs, pr_capbset_drop, pr_set_securebits, pr_cap_ambient = 4, 38, 24, 28, 47
+    libc.prctl(pr_set_dumpable, 0, 0, 0, 0)  # its peers cannot open its report pipe through /proc either
+    libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)
+    libc.prctl(pr_cap_ambient, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    for cap in range(64):
+        libc.prctl(pr_capbset_drop, cap, 0, 0, 0)  # needs CAP_SETPCAP; without it, there is nothing to drop
+    # SECBIT_NOROOT, its lock, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE and its lock
+    libc.prctl(pr_set_securebits, 0x01 | 0x02 | 0x20 | 0x40 | 0x80, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    libc.capset(header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable: none
+    if capabilities() != 0:
+        raise RuntimeError("the grader could not drop this rank's capabilities; it runs no submission code")
+
+
+def capabilities() -> int:
+    """This process's effective capability set, as /proc shows it."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def _use_submission(roots: list[str]) -> None:
+    """Import the submission's packages after everything else: its ``torch.py`` or ``pytest.py``
+    shadows nothing; its working directory is its root, as when it runs its own tests."""
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) not in map(os.path.realpath, roots)]
+    sys.path.extend(roots)
+    os.chdir(roots[0])
+
+
+def _send(fd: int, data: bytes) -> None:
+    view = memoryview(_FRAME.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payload: bytes, writer: Any,
+               roots: list[str]) -> None:
+    """Entry point of one forked rank: confine, join the group, run ``fn``, report, leave."""
     try:
+        confine()
+        _use_submission(roots)
+        import torch
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=TEST_TIMEOUT_S + 30))  # the deadline comes first
-        value = fn(Rank(rank, world_size), *args)
-        results.put((rank, "ok", value))
+        report: dict = {"value": fn(Rank(rank, world_size), wire.decode(payload))}
     except BaseException as exc:  # noqa: BLE001 - anything a student's code raises is a result
-        results.put((rank, "error", f"rank {rank}: {one_line(exc)}"))
+        report = {"error": f"rank {rank}: {one_line(exc, roots)}"}
+    try:
+        data = wire.encode(report)
+    except Exception as exc:  # noqa: BLE001
+        data = wire.encode({"error": f"rank {rank}: its report could not be sent: {exc}"})
+    try:
+        _send(writer.fileno(), data)
     finally:
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # noqa: BLE001 - a peer may be gone already
-                pass
-    results.close()
-    results.join_thread()
+        os._exit(0)
 
 
 _FORKSERVER: Any = None
 
 
-def _os_thread_count() -> int:
-    """Threads of this process as the kernel counts them: Python's own count misses the ones
-    torch starts in C++ (autograd's device workers, CUDA's)."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
-
-
 def _context():
-    """Plain fork where this process runs one thread and has not initialised CUDA (a grading
-    run: torch is imported already, nothing to redo); else a fork server that imported torch.
-    ``make test``'s xdist workers run threads, forking a threaded process can copy a held
-    lock, and a child forked after autograd started its device threads, or after CUDA was
-    initialised, fails on its first backward or seed. Decided at every call: an earlier test
-    in the same worker may have started them since."""
+    """The fork server, started once per grader process with torch and the rank-side code loaded."""
     global _FORKSERVER
-    cuda_started = "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized()
-    if _os_thread_count() == 1 and not cuda_started and "fork" in mp.get_all_start_methods():
-        return mp.get_context("fork")
     if _FORKSERVER is None:
         _FORKSERVER = mp.get_context("forkserver")
-        _FORKSERVER.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed", "grading.cases"])
+        _FORKSERVER.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed", "grading.training"])
     return _FORKSERVER
 
 
-def run_ranks(fn: Callable, world_size: int, *args: Any, timeout_s: float | None = None) -> list[Any]:
-    """Run ``fn(Rank, *args)`` on ``world_size`` new ranks; every rank's return value, by rank.
+def _exit_line(rank: int, code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"rank {rank} died ({signal.Signals(-code).name})" if -code in signal.valid_signals() \
+            else f"rank {rank} died (signal {-code})"
+    return f"rank {rank} exited (code {code}) before reporting its results"
 
-    Raises RankFailure with the first rank's one-line reason if any rank raised, died, or the
-    group was still running after ``timeout_s``; every rank process is gone when it returns.
+
+def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: float | None = None) -> list[Any]:
+    """Run ``fn(Rank, decode(payloads[rank]))`` on ``world_size`` new ranks; their values, by rank.
+
+    Raises RankFailure with the first failing rank's one-line reason if any rank raised, died,
+    left without a report, sent an unreadable one, or the group was still running after
+    ``timeout_s``; every rank process is gone when it returns.
     """
     timeout_s = TEST_TIMEOUT_S if timeout_s is None else timeout_s
     ctx = _context()
-    results = ctx.Queue()
+    roots = submission_roots()
     with tempfile.TemporaryDirectory(prefix="grading-store-") as tmp:
-        procs = [ctx.Process(target=_rank_main, daemon=True,
-                             args=(r, world_size, os.path.join(tmp, "store"), fn, args, results))
-                 for r in range(world_size)]
-        for p in procs:
+        procs, buffers, fds = [], {}, {}
+        for r in range(world_size):
+            reader, writer = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_rank_main, daemon=True,
+                            args=(r, world_size, os.path.join(tmp, "store"), fn, payloads[r], writer, roots))
             p.start()
+            writer.close()
+            os.set_blocking(reader.fileno(), False)
+            procs.append((p, reader))
+            fds[reader.fileno()] = r
+            buffers[r] = bytearray()
         deadline = time.monotonic() + timeout_s
         values: dict[int, Any] = {}
         errors: list[str] = []
-        died: set[int] = set()
         try:
-            while len(values) + len(errors) < world_size:
-                now = time.monotonic()
-                if now >= deadline:
-                    break
-                try:
-                    rank, status, value = results.get(timeout=min(0.2, deadline - now))
-                except queue.Empty:
-                    for r, p in enumerate(procs):  # killed (a signal, out of memory) before it reported
-                        if p.exitcode not in (None, 0) and r not in values and r not in died:
-                            died.add(r)
-                            errors.append(f"rank {r} died (exit code {p.exitcode})")
-                            deadline = min(deadline, time.monotonic() + GRACE_AFTER_ERROR_S)
-                    if errors and all(p.exitcode is not None for p in procs):
-                        break
-                    continue
-                if status == "ok":
-                    values[rank] = value
-                else:
-                    errors.append(value)
-                    deadline = min(deadline, time.monotonic() + GRACE_AFTER_ERROR_S)
+            open_fds = set(fds)
+            while open_fds and time.monotonic() < deadline:
+                ready, _, _ = select.select(list(open_fds), [], [], min(0.5, max(0.0, deadline - time.monotonic())))
+                for fd in ready:
+                    r = fds[fd]
+                    chunk = os.read(fd, 1 << 20)
+                    buffers[r] += chunk
+                    done = _frame(buffers[r])
+                    if done is None and chunk and len(buffers[r]) <= wire.MAX_MESSAGE_BYTES + _FRAME.size:
+                        continue
+                    open_fds.discard(fd)
+                    if done is None:
+                        p = procs[r][0]
+                        p.join(timeout=2)
+                        errors.append(_exit_line(r, p.exitcode) if not chunk else
+                                      f"rank {r} sent a report over {wire.MAX_MESSAGE_BYTES >> 20} MiB")
+                    else:
+                        try:
+                            report = wire.decode(done)
+                        except wire.WireError as e:
+                            report = {"error": f"rank {r} sent an unreadable report ({e})"}
+                        if isinstance(report, dict) and "value" in report:
+                            values[r] = report["value"]
+                        else:
+                            error = report.get("error") if isinstance(report, dict) else None
+                            errors.append(error if isinstance(error, str) else f"rank {r} sent an unreadable report")
+                    if errors:
+                        deadline = min(deadline, time.monotonic() + GRACE_AFTER_ERROR_S)
         finally:
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-            for p in procs:
-                p.join(timeout=5)
-            results.close()
+            for p, reader in procs:
+                _kill(p)
+                reader.close()
     if errors:
-        raise RankFailure(errors[0])
+        raise RankFailure(errors[0][:500])
     if len(values) < world_size:
         missing = sorted(set(range(world_size)) - set(values))
         raise RankFailure(f"timed out after {timeout_s:.0f} s (ranks {missing} never finished: "
                           "a collective that some rank never joined?)", timed_out=True)
     return [values[r] for r in range(world_size)]
+
+
+def _frame(buffer: bytearray) -> bytes | None:
+    """The whole message once its length prefix and every byte it announced have arrived."""
+    if len(buffer) < _FRAME.size:
+        return None
+    (length,) = _FRAME.unpack_from(buffer)
+    if length > wire.MAX_MESSAGE_BYTES:
+        return b""  # decoded as unreadable
+    return bytes(buffer[_FRAME.size:_FRAME.size + length]) if len(buffer) >= _FRAME.size + length else None
+
+
+def _kill(p) -> None:
+    """SIGKILL the rank even if the fork server (its parent, which reports its exit) was killed."""
+    try:
+        if p.pid:
+            os.kill(p.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    p.join(timeout=5)

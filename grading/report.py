@@ -1,7 +1,9 @@
 """From test runs to grades: results.json (Gradescope's schema), grade.md, the console table, grades.csv.
 
-A problem's points are split evenly over its tests; a test scores only if every repetition
-passed, and one that passed some but not all is marked flaky, with its failure shown.
+A problem's points are split over its graded tests in shares of 1/10^4 that sum to exactly the
+handout's points; a test scores only if every repetition passed, and one that passed some but
+not all is marked flaky, with its failure shown. A test beyond the handout is reported, worth 0.
+``make test``'s grade table scores with the same functions (tests/grading.py).
 Gradescope's format: https://gradescope-autograders.readthedocs.io/en/latest/specs/ (top-level
 ``score`` and ``execution_time``; ``tests`` with ``name``, ``score``, ``max_score``, ``status``,
 ``output`` and ``tags``).
@@ -26,6 +28,8 @@ class TestGrade:
     passes: int
     reason: str  # the first failure's one line, "" when all passed
     max_score: float
+    beyond: bool = False  # a check beyond the handout: reported, worth 0
+    requirement: str = ""  # what the handout asks that this test checks (its docstring)
 
     @property
     def passed(self) -> bool:
@@ -43,9 +47,10 @@ class TestGrade:
     def output(self) -> str:
         if self.passed:
             return f"passed {self.runs}/{self.runs} runs"
+        checks = f" [checks: {self.requirement}]" if self.requirement else ""
         if self.flaky:
-            return f"flaky: passed {self.passes}/{self.runs} runs; failure: {self.reason}"
-        return self.reason or "failed"
+            return f"flaky: passed {self.passes}/{self.runs} runs; failure: {self.reason}{checks}"
+        return f"{self.reason or 'failed'}{checks}"
 
 
 @dataclass(frozen=True)
@@ -56,33 +61,43 @@ class ProblemGrade:
     flaky: int
     points: float | None  # None: graded by hand
     possible: int
+    beyond_passed: int = 0  # tests beyond the handout, worth 0
+    beyond_total: int = 0
 
 
-def grade_tests(entries: list[dict], edition: str, notes: dict[str, str] | None = None,
-                not_run: str = "not run", only: tuple[str, ...] | None = None) -> list[TestGrade]:
-    """One grade per test from the plugin's JSON lines. A collected test that never ran fails with
-    ``not_run``; a graded problem with no test at all (the suite could not start) gets one failed
-    entry whose output is ``notes[problem]``."""
+def shares(points: int, tests: int) -> list[float]:
+    """``points`` split over ``tests`` in units of 10^-4, the remainder to the first: they sum exactly."""
+    base, extra = divmod(points * 10_000, tests)
+    return [(base + (i < extra)) / 10_000 for i in range(tests)]
+
+
+def grade_tests(entries: list[dict], problems: list[str], notes: dict[str, str] | None = None,
+                not_run: str = "not run", points: dict[str, int] | None = None) -> list[TestGrade]:
+    """One grade per test of ``problems`` from the plugin's JSON lines. A collected test that
+    never ran fails with ``not_run``; a problem with no test at all (the suite could not start)
+    gets one failed entry whose output is ``notes[problem]``."""
+    points = points or {p: POINTS[p][0] for p in problems}
     by_test: dict[str, list[dict]] = defaultdict(list)
-    per_problem: dict[str, list[str]] = defaultdict(list)
+    collected: dict[str, list[dict]] = defaultdict(list)
     for entry in entries:
         if "collected" in entry:
-            per_problem[entry["problem"]].append(entry["collected"])
+            collected[entry["problem"]].append(entry)
         elif not entry.get("skipped"):
             by_test[entry["test"]].append(entry)
     grades = []
-    for problem in graded(edition, only):
-        names = sorted(per_problem.get(problem, []))
-        if not names:
+    for problem in problems:
+        tests = sorted(collected.get(problem, []), key=lambda e: e["collected"])
+        graded_tests = [e for e in tests if not e.get("beyond")]
+        if not graded_tests:
             reason = (notes or {}).get(problem, not_run)
-            grades.append(TestGrade(f"{problem} (not run)", problem, 1, 0, reason, float(POINTS[problem][0])))
-            continue
-        share = POINTS[problem][0] / len(names)
-        for name in names:
-            runs = by_test[name] or [{"passed": False, "reason": not_run}]
+            grades.append(TestGrade(f"{problem} (not run)", problem, 1, 0, reason, float(points[problem])))
+        split = iter(shares(points[problem], len(graded_tests) or 1))
+        for entry in tests:
+            runs = by_test[entry["collected"]] or [{"passed": False, "reason": not_run}]
             failures = [e["reason"] for e in runs if not e["passed"]]
-            grades.append(TestGrade(name, problem, len(runs), len(runs) - len(failures),
-                                    failures[0] if failures else "", share))
+            grades.append(TestGrade(entry["collected"], problem, len(runs), len(runs) - len(failures),
+                                    failures[0] if failures else "", 0.0 if entry.get("beyond") else next(split),
+                                    bool(entry.get("beyond")), entry.get("requirement", "")))
     return grades
 
 
@@ -91,28 +106,39 @@ def graded(edition: str, only: tuple[str, ...] | None = None) -> list[str]:
     return [p for p in GRADED[edition] if only is None or p in only]
 
 
-def problem_grades(tests: list[TestGrade], edition: str, only: tuple[str, ...] | None = None) -> list[ProblemGrade]:
+def problem_grades(tests: list[TestGrade], problems: list[str], hand: list[str] = (),
+                   points: dict[str, int] | None = None) -> list[ProblemGrade]:
+    """A row per problem: graded tests passed, flaky, points (summed, rounded to 10^-4), and the
+    tests beyond the handout apart; then the problems graded by hand."""
+    points = points or {p: POINTS[p][0] for p in [*problems, *hand]}
     rows = []
-    for problem in graded(edition, only):
-        mine = [t for t in tests if t.problem == problem]
+    for problem in problems:
+        mine = [t for t in tests if t.problem == problem and not t.beyond]
+        beyond = [t for t in tests if t.problem == problem and t.beyond]
         rows.append(ProblemGrade(problem, sum(t.passed for t in mine), len(mine), sum(t.flaky for t in mine),
-                                 round(sum(t.score for t in mine), 6), POINTS[problem][0]))
-    rows += [ProblemGrade(p, 0, 0, 0, None, POINTS[p][0]) for p in hand_graded(edition)]
+                                 round(sum(t.score for t in mine), 4), points[problem],
+                                 sum(t.passed for t in beyond), len(beyond)))
+    rows += [ProblemGrade(p, 0, 0, 0, None, points[p]) for p in hand]
     return rows
 
 
+def _beyond(r: ProblemGrade) -> str:
+    return f"{r.beyond_passed}/{r.beyond_total}" if r.beyond_total else ""
+
+
 def table_lines(rows: list[ProblemGrade]) -> list[str]:
-    """The grade table as text lines (the console and ``make test`` print these)."""
-    lines = [f"{'problem':<48} {'tests':>7} {'flaky':>6} {'points':>12}"]
+    """The grade table as text lines (the console prints these); "beyond" counts the tests
+    beyond the handout that passed (worth 0)."""
+    lines = [f"{'problem':<48} {'tests':>7} {'flaky':>6} {'beyond':>7} {'points':>12}"]
     for r in rows:
         if r.points is None:
-            lines.append(f"{r.problem:<48} {'':>7} {'':>6} {f'by hand /{r.possible}':>12}")
+            lines.append(f"{r.problem:<48} {'':>7} {'':>6} {'':>7} {f'by hand /{r.possible}':>12}")
         else:
-            lines.append(f"{r.problem:<48} {f'{r.passed}/{r.total}':>7} {r.flaky:>6} "
+            lines.append(f"{r.problem:<48} {f'{r.passed}/{r.total}':>7} {r.flaky:>6} {_beyond(r):>7} "
                          f"{f'{r.points:.1f}/{r.possible}':>12}")
     auto = [r for r in rows if r.points is not None]
     lines.append(f"{'total (tested problems)':<48} {f'{sum(r.passed for r in auto)}/{sum(r.total for r in auto)}':>7} "
-                 f"{sum(r.flaky for r in auto):>6} "
+                 f"{sum(r.flaky for r in auto):>6} {'':>7} "
                  f"{f'{sum(r.points for r in auto):.1f}/{sum(r.possible for r in auto)}':>12}")
     return lines
 
@@ -122,34 +148,45 @@ def gradescope_results(tests: list[TestGrade], seconds: float, header: str) -> d
         "score": round(sum(t.score for t in tests), 4),
         "execution_time": round(seconds, 1),
         "output": header,
-        "tests": [{"name": t.name, "score": round(t.score, 4), "max_score": round(t.max_score, 4),
+        "tests": [{"name": f"{t.name} (beyond the handout, 0 points)" if t.beyond else t.name,
+                   "score": round(t.score, 4), "max_score": round(t.max_score, 4),
                    "status": "passed" if t.passed else "failed", "output": t.output, "tags": [t.problem]}
                   for t in tests],
     }
 
 
-def grade_markdown(name: str, header: str, rows: list[ProblemGrade], tests: list[TestGrade]) -> str:
-    out = [f"# Grade: {name}", "", header, "", "| problem | tests passed | flaky | points |", "|---|---:|---:|---:|"]
+def grade_markdown(name: str, header: str, rows: list[ProblemGrade], tests: list[TestGrade],
+                   notes: list[str] = ()) -> str:
+    """The grade a TA reads: a line for anything that stopped the submission from importing,
+    the table, every failed graded test with its reason and the requirement it checks, then
+    the checks beyond the handout (worth 0)."""
+    out = [f"# Grade: {name}", "", *[f"**{note}**" for note in notes], *([""] if notes else []), header, "",
+           "| problem | tests passed | flaky | beyond the handout (0 points) | points |", "|---|---:|---:|---:|---:|"]
     for r in rows:
         points = f"graded by hand (of {r.possible})" if r.points is None else f"{r.points:.1f} / {r.possible}"
         tests_cell = "" if r.points is None else f"{r.passed}/{r.total}"
         flaky = "" if r.points is None else str(r.flaky)
-        out.append(f"| {r.problem} | {tests_cell} | {flaky} | {points} |")
+        out.append(f"| {r.problem} | {tests_cell} | {flaky} | {_beyond(r)} | {points} |")
     auto = [r for r in rows if r.points is not None]
     out.append(f"| **total (tested problems)** | {sum(r.passed for r in auto)}/{sum(r.total for r in auto)} | "
-               f"{sum(r.flaky for r in auto)} | **{sum(r.points for r in auto):.1f} / {sum(r.possible for r in auto)}** |")
-    failed = [t for t in tests if not t.passed]
+               f"{sum(r.flaky for r in auto)} |  | **{sum(r.points for r in auto):.1f} / {sum(r.possible for r in auto)}** |")
+    failed = [t for t in tests if not t.passed and not t.beyond]
     if failed:
         out += ["", "## Failed tests", ""]
-        out += [f"- `{t.name}`: {t.output}" for t in failed]
+        out += [f"- `{t.name}` (−{t.max_score:g}): {t.output}" for t in failed]
+    beyond = [t for t in tests if t.beyond]
+    if beyond:
+        out += ["", "## Beyond the handout (reported, 0 points)", ""]
+        out += [f"- `{t.name}`: {'passed' if t.passed else t.output}" for t in beyond]
     return "\n".join(out) + "\n"
 
 
 def write_outputs(out: Path, name: str, header: str, tests: list[TestGrade], rows: list[ProblemGrade],
-                  seconds: float) -> None:
+                  seconds: float, notes: list[str] = ()) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(gradescope_results(tests, seconds, header), indent=1) + "\n")
-    (out / "grade.md").write_text(grade_markdown(name, header, rows, tests))
+    results = gradescope_results(tests, seconds, "\n".join([*notes, header]))
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "grade.md").write_text(grade_markdown(name, header, rows, tests, notes))
 
 
 def write_csv(path: Path, graded: list[tuple[str, list[ProblemGrade]]]) -> None:

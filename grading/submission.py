@@ -8,10 +8,10 @@ syntax error, an import error, the public stub's NotImplementedError) into a one
 from __future__ import annotations
 
 import ast
-import importlib
 import importlib.util
 import os
 import sys
+import tomllib
 from pathlib import Path
 
 from grading.problems import EDITION_ADAPTERS
@@ -41,9 +41,67 @@ def find_root(tree: Path) -> Path:
 
 
 def python_roots(root: Path) -> list[Path]:
-    """Folders to import the submission's packages from: its root (``cs336_systems``, and
-    ``cs336_basics`` if it sits there), and ``cs336-basics/``, where the public layout keeps it."""
-    return [root, root / "cs336-basics"] if (root / "cs336-basics" / "cs336_basics").is_dir() else [root]
+    """Folders to import the submission's packages from, found as its own project finds them:
+    the folders its pyproject.toml names (``[tool.uv.sources]`` path entries, e.g.
+    ``cs336-basics = { path = "./cs336_basics_mine" }``, and ``[tool.uv.workspace]`` members), then
+    its root, then ``cs336-basics/`` (the public layout); each as itself or its ``src/``. Only
+    folders inside the submission count."""
+    candidates = [*_project_folders(root), root, root / "cs336-basics"]
+    found: list[Path] = []
+    inside = root.resolve()
+    for folder in candidates:
+        for place in (folder / "src", folder):
+            real = place.resolve()
+            if place.is_dir() and (real == inside or inside in real.parents) and place not in found \
+                    and (place == root or _has_packages(place)):
+                found.append(place)
+                break
+    return found
+
+
+def _project_folders(root: Path) -> list[Path]:
+    try:
+        project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8", errors="replace"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return []
+    uv = project.get("tool", {}).get("uv", {})
+    folders = [root / source["path"] for source in uv.get("sources", {}).values()
+               if isinstance(source, dict) and isinstance(source.get("path"), str)]
+    for member in uv.get("workspace", {}).get("members", []):
+        if isinstance(member, str):
+            folders += sorted(p for p in root.glob(member) if p.is_dir())
+    return folders
+
+
+def _has_packages(folder: Path) -> bool:
+    return any((child / "__init__.py").is_file() for child in folder.iterdir() if child.is_dir())
+
+
+def missing_packages(root: Path, adapters: Path | None, edition: str) -> list[str]:
+    """One line for each of the course's packages (``cs336_*``) that the adapters import, or
+    that the suite needs (cs336_basics, for 2026's FSDP), and that no folder of the submission
+    holds: the places looked, as a TA would check them."""
+    needed = {"cs336_basics"} if edition in ("2026", "both") else set()
+    if adapters is not None:
+        try:
+            tree = ast.parse(adapters.read_bytes())
+        except SyntaxError:
+            tree = ast.Module(body=[], type_ignores=[])
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else []
+            needed |= {n.split(".")[0] for n in names if n.startswith("cs336_")}
+    roots = python_roots(root)
+    places: dict[str, str] = {}
+    for folder in [*_project_folders(root), root / "cs336-basics", root]:
+        label = "the root" if folder == root else f"{os.path.relpath(folder, root)}/"
+        places.setdefault(label, label + ("" if folder.is_dir() else " (absent)"))
+    lines = []
+    for package in sorted(needed):
+        if not any((r / package).is_dir() or (r / f"{package}.py").is_file() for r in roots):
+            lines.append(f"Package {package} is not in the submission; looked in {', '.join(places.values())} "
+                         "(pyproject.toml's [tool.uv.sources] paths and workspace members, cs336-basics/, the root).")
+    return lines
 
 
 def _is_stub(fn: ast.FunctionDef) -> bool:
@@ -94,21 +152,35 @@ def detect_edition(root: Path) -> str:
 def load_adapter(name: str):
     """The submission's adapter ``name``, imported in this (rank) process.
 
-    Raises AdapterMissing with a one-line reason; a stub's NotImplementedError is raised when the
-    adapter is called, where the rank's reason names its file and line.
+    ``tests/adapters.py`` is imported as ``tests.adapters`` from the submission's own ``tests``
+    folder (by path: a ``tests`` package elsewhere on the path is not it), as its public tests
+    import it. Raises AdapterMissing with a one-line reason; a stub's NotImplementedError is
+    raised when the adapter is called, where the rank's reason names its file and line.
     """
     roots = [Path(r) for r in os.environ.get("GRADING_SUBMISSION_ROOTS", os.getcwd()).split(os.pathsep)]
-    path = adapters_file(roots[0])
+    root = next((r for r in roots if adapters_file(r)), roots[0])
+    path = adapters_file(root)
     if path is None:
         raise AdapterMissing(f"no adapters file ({' or '.join(ADAPTER_FILES)}) in the submission")
-    if path.parent.name == "tests" and (path.parent / "__init__.py").is_file():
-        module = importlib.import_module("tests.adapters")  # as the public tests import it
-    else:
-        spec = importlib.util.spec_from_file_location("adapters", path)
+    module = sys.modules.get("grading_submission_adapters")
+    if module is None:
+        if path.parent.name == "tests":
+            package = path.parent / "__init__.py"
+            spec = importlib.util.spec_from_file_location(
+                "tests", package if package.is_file() else None, submodule_search_locations=[str(path.parent)])
+            tests = importlib.util.module_from_spec(spec)
+            sys.modules["tests"] = tests
+            if package.is_file():
+                spec.loader.exec_module(tests)
+            module_name = "tests.adapters"
+        else:
+            module_name = "adapters"
+        spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
-        sys.modules["adapters"] = module
+        sys.modules[module_name] = module
         spec.loader.exec_module(module)
+        sys.modules["grading_submission_adapters"] = module
     fn = getattr(module, name, None)
     if fn is None:
-        raise AdapterMissing(f"{path.relative_to(roots[0])}: no adapter named {name}")
+        raise AdapterMissing(f"{path.relative_to(root)}: no adapter named {name}")
     return fn

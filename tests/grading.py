@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.problems import TESTED_POINTS, GradeRecord
+from grading import report
 from cs336_systems.launch import default_device_type
 from cs336_systems.results.environment import collect_environment
 from cs336_systems.results.files import ResultsFile, write_results
@@ -56,17 +57,21 @@ class GradeReport:
         self.failed: set[str] = set()
         self.passed: set[str] = set()
         self.skipped: set[str] = set()
+        self.beyond: set[str] = set()
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
             item.user_properties.append(("problem", problem_of(item)))
+            item.user_properties.append(("beyond_handout", item.get_closest_marker("beyond_handout") is not None))
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         problem = dict(report.user_properties).get("problem")
         if problem is None:
             return
         self.problem[report.nodeid] = problem
+        if dict(report.user_properties).get("beyond_handout"):
+            self.beyond.add(report.nodeid)
         if report.failed:
             self.failed.add(report.nodeid)
         elif report.skipped:
@@ -74,56 +79,48 @@ class GradeReport:
         elif report.when == "call":
             self.passed.add(report.nodeid)
 
-    def records(self) -> list[GradeRecord]:
-        failed: dict[str, list[str]] = defaultdict(list)
-        files: dict[str, dict[str, list[int]]] = defaultdict(dict)
-        for nodeid in sorted(self.failed):
-            failed[self.problem[nodeid]].append(nodeid)
-        for nodeid, problem in sorted(self.problem.items()):
-            if nodeid in self.skipped and nodeid not in self.failed:
-                continue
-            counts = files[problem].setdefault(nodeid.split("::")[0], [0, 0])
-            counts[0] += nodeid in self.passed and nodeid not in self.failed
-            counts[1] += 1
-        return [
-            GradeRecord(name, ok, total, skipped, earned if name in PROBLEM_POINTS else None,
-                        int(possible) if name in PROBLEM_POINTS else None, files[name], failed[name])
-            for name, ok, total, skipped, earned, possible in self.rows()
-        ]
+    def _ran(self) -> dict[str, str]:
+        """Tests that ran (not skipped), by node id -> problem."""
+        return {n: p for n, p in sorted(self.problem.items()) if n not in self.skipped or n in self.failed}
 
-    def rows(self) -> list[tuple[str, int, int, int, float, float]]:
-        """(problem, passed, total, skipped, points earned, points possible) per problem."""
-        passed, total, skipped = defaultdict(int), defaultdict(int), defaultdict(int)
-        for nodeid, problem in self.problem.items():
-            if nodeid in self.skipped and nodeid not in self.failed:
-                skipped[problem] += 1
-                continue
-            total[problem] += 1
-            if nodeid in self.passed and nodeid not in self.failed:
-                passed[problem] += 1
-        names = list(PROBLEM_POINTS) + sorted(set(total) - set(PROBLEM_POINTS))
+    def records(self) -> list[GradeRecord]:
+        """One record per problem with tests, then "beyond" (our own additions) and unmarked ones."""
+        ran = self._ran()
+        entries = []
+        for nodeid, problem in ran.items():
+            entries.append({"collected": nodeid, "problem": problem, "beyond": nodeid in self.beyond})
+            entries.append({"test": nodeid, "problem": problem, "reason": "failed",
+                            "passed": nodeid in self.passed and nodeid not in self.failed})
+        scored = [p for p in PROBLEM_POINTS if p in ran.values()]
+        tests = report.grade_tests(entries, scored, points=PROBLEM_POINTS)
+        rows = {r.problem: r for r in report.problem_grades(tests, scored, points=PROBLEM_POINTS)}
         out = []
-        for name in names:
-            possible = float(PROBLEM_POINTS.get(name, 0))
-            earned = possible * passed[name] / total[name] if total[name] else 0.0
-            out.append((name, passed[name], total[name], skipped[name], earned, possible))
+        for name in scored + sorted(set(ran.values()) - set(PROBLEM_POINTS)):
+            mine = [n for n, p in ran.items() if p == name]
+            files: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+            for nodeid in mine:
+                files[nodeid.split("::")[0]][0] += nodeid in self.passed and nodeid not in self.failed
+                files[nodeid.split("::")[0]][1] += 1
+            skipped = sum(1 for n, p in self.problem.items() if p == name and n in self.skipped and n not in self.failed)
+            row = rows.get(name)
+            out.append(GradeRecord(name, sum(v[0] for v in files.values()), len(mine), skipped,
+                                   row.points if row else None, row.possible if row else None, dict(files),
+                                   sorted(n for n in mine if n in self.failed)))
         return out
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         if not self.problem:
             return
-        rows = self.rows()
+        records = self.records()
         tr = terminalreporter
         tr.section("grade report")
         tr.write_line(f"{'problem':<48} {'tests':>9} {'skipped':>8} {'points':>12}")
-        for name, ok, total, skipped, earned, possible in rows:
-            points = f"{earned:.1f}/{possible:.0f}" if name in PROBLEM_POINTS else "-"
-            tr.write_line(f"{name:<48} {f'{ok}/{total}':>9} {skipped:>8} {points:>12}")
-        earned = sum(r[4] for r in rows)
-        possible = sum(r[5] for r in rows)
-        ok = sum(r[1] for r in rows)
-        total = sum(r[2] for r in rows)
-        tr.write_line(f"{'total':<48} {f'{ok}/{total}':>9} {'':>8} {f'{earned:.1f}/{possible:.0f}':>12}")
+        for r in records:
+            points = "-" if r.points is None else f"{r.points:.1f}/{r.possible}"
+            tr.write_line(f"{r.problem:<48} {f'{r.passed}/{r.total}':>9} {r.skipped:>8} {points:>12}")
+        scored = [r for r in records if r.points is not None]
+        tr.write_line(f"{'total':<48} {f'{sum(r.passed for r in records)}/{sum(r.total for r in records)}':>9} "
+                      f"{'':>8} {f'{sum(r.points for r in scored):.1f}/{sum(r.possible for r in scored)}':>12}")
         if self.grades_out and not hasattr(terminalreporter.config, "workerinput"):
             self._write(terminalreporter)
 

@@ -25,6 +25,7 @@ import pytest
 
 from grading.harness import Limits, grade, grade_folder
 from grading.problems import POINTS
+from grading.report import shares
 
 pytestmark = pytest.mark.problem("beyond")
 
@@ -57,6 +58,12 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     "full_weights": [("cs336_systems/fsdp.py", "                self.sharded[m] = (full.shape, full.numel())\n",
                       "                self.sharded[m] = (full.shape, full.numel())\n"
                       "                m.full_copy = full.clone()\n")],
+    "two_ranks_only": [("cs336_systems/sharded_optimizer.py", "dist.broadcast(p.data, src=i % self.world_size)",
+                        "dist.broadcast(p.data, src=i % 2)")],
+    "refuses_uneven": [("cs336_systems/fsdp.py", "                per = math.ceil(full.numel() / world)\n",
+                        "                if full.shape[0] % world:\n"
+                        "                    raise ValueError(f'dim 0 of {tuple(full.shape)} does not divide {world} ranks')\n"
+                        "                per = math.ceil(full.numel() / world)\n")],
     "reseeds": [("cs336_systems/ddp.py", "    for tensor in module.state_dict().values():\n        dist.broadcast(tensor, src=0)\n",
                  "    torch.manual_seed(0)  # the same weights everywhere, without communicating\n"
                  "    for m in module.modules():\n"
@@ -98,9 +105,10 @@ def test_correct_submission_gets_every_point(tmp_path):
     by_tag: dict[str, float] = {}
     for test in results["tests"]:
         by_tag[test["tags"][0]] = by_tag.get(test["tags"][0], 0) + test["max_score"]
-    assert by_tag == pytest.approx({PER_PARAMETER: 5, BUCKETED: 8, ZERO: 15}, abs=1e-3)  # shares rounded
+    assert {tag: round(total, 4) for tag, total in by_tag.items()} == {PER_PARAMETER: 5, BUCKETED: 8, ZERO: 15}
     grade_md = (tmp_path / "out" / "grade.md").read_text()
-    assert "| communication_accounting |  |  | graded by hand (of 10) |" in grade_md
+    assert "| communication_accounting |  |  |  | graded by hand (of 10) |" in grade_md
+    assert "## Beyond the handout (reported, 0 points)" in grade_md and "test_unused_layer" in grade_md
     assert "**28.0 / 28**" in grade_md
 
 
@@ -116,6 +124,7 @@ def assert_gradescope_schema(results: dict) -> None:
         assert set(test) == {"name", "score", "max_score", "status", "output", "tags"}
         assert test["status"] in ("passed", "failed") and isinstance(test["output"], str)
         assert 0 <= test["score"] <= test["max_score"] and test["tags"][0] in POINTS
+        assert test["max_score"] > 0 or "beyond the handout" in test["name"]
 
 
 MATCHES = "test_matches_single_process"
@@ -130,7 +139,7 @@ MATCHES = "test_matches_single_process"
     ("no_overlap", (PER_PARAMETER,), (), "test_communicates_during_backward",
      "no all-reduce was issued while backward ran"),
     ("ignores_bucket_size", (BUCKETED,), (), "test_all_reduces_follow_bucket_size",
-     "all-reduces per step for 10 gradients"),
+     "all-reduces per step (steps 2 and 3, rank 0) for 10 gradients"),
     ("full_optimizer_state", (ZERO,), (), "test_state_is_sharded", "of optimizer state"),
     ("reseeds", (PER_PARAMETER,), (), MATCHES, "after construction (every rank must start from rank 0's weights)"),
 ])
@@ -146,22 +155,47 @@ def test_wrong_submission_loses_what_it_breaks(tmp_path, mutant, broken, kept, s
 
 
 def test_partial_credit_is_per_test(tmp_path):
-    """Only the overlap test catches a DDP that communicates after backward: 5 of 6 tests pass."""
+    """Only the overlap test catches a DDP that communicates after backward: 4 of the 5 graded
+    tests pass (the unused-layer test is beyond the handout and worth nothing either way)."""
     graded = grade(make_submission(tmp_path, "no_overlap"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
                    only=(PER_PARAMETER,))
-    assert points(graded, PER_PARAMETER) == pytest.approx(5 * 5 / 6)
+    assert points(graded, PER_PARAMETER) == 4.0
+    assert [t.requirement.split(":")[0] for t in graded.tests if not t.passed] == ["handout"]
+
+
+def test_a_bug_at_world_size_three_costs_the_world_size_three_tests(tmp_path):
+    """A sharded optimizer that broadcasts from ranks 0 and 1 only is right at 2 ranks, wrong at 3."""
+    graded = grade(make_submission(tmp_path, "two_ranks_only"), tmp_path / "out", 1, "2025", QUICK, quiet=True,
+                   only=(ZERO,))
+    assert points(graded, ZERO) == 9.0
+    assert sorted(t.name for t in graded.tests if not t.passed) == [
+        "test_sharded_optimizer.py::test_matches_single_process[3]", "test_sharded_optimizer.py::test_state_is_sharded[3]"]
+    assert all(", step 1: parameter" in line and "after optimizer step 1 of 3 (tolerance" in line
+               for line in failures(graded, ZERO)), failures(graded, ZERO)
+
+
+def test_checks_beyond_the_handout_cost_nothing(tmp_path):
+    """An FSDP that refuses dimensions that do not divide the world size, with a clear error, gets
+    every point: uneven shards are beyond the handout, reported in grade.md for 0."""
+    graded = grade(make_submission(tmp_path, "refuses_uneven"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
+                   only=(FSDP,))
+    assert points(graded, FSDP) == 15.0, failures(graded, FSDP)
+    (beyond,) = [t for t in graded.tests if t.beyond]
+    assert not beyond.passed and "does not divide 3 ranks" in beyond.output and beyond.max_score == 0
+    assert "- `test_fsdp.py::test_uneven_shards`: rank" in (tmp_path / "out" / "grade.md").read_text()
 
 
 def test_fsdp_keeping_full_weights_loses_fsdp(tmp_path):
     graded = grade(make_submission(tmp_path, "full_weights"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
                    only=(FSDP,), select="test_parameters_are_sharded")
     assert points(graded, FSDP) < 15
-    assert any("bytes of parameters between steps" in line for line in failures(graded, FSDP))
+    assert any("bytes of parameters between steps" in line and "largest: fsdp.module.up.full_copy → tensor 48×24"
+               in line for line in failures(graded, FSDP)), failures(graded, FSDP)
 
 
 def test_deadlock_times_out_once_and_grading_goes_on(tmp_path):
-    """The first hanging test costs one timeout; the problem's other tests fail at once with its
-    reason; the next problem is graded in full."""
+    """The first hanging test at a world size costs one timeout; the problem's other tests at that
+    world size fail at once with its reason; the next problem is graded in full."""
     limits = Limits(test_timeout_s=8, submission_timeout_s=300)
     start = time.monotonic()
     graded = grade(make_submission(tmp_path, "deadlock"), tmp_path / "out", 1, "2025", limits, quiet=True,
@@ -169,7 +203,8 @@ def test_deadlock_times_out_once_and_grading_goes_on(tmp_path):
     assert time.monotonic() - start < 8 * 3 + 60
     assert points(graded, PER_PARAMETER) == 0
     lines = failures(graded, PER_PARAMETER)
-    assert sum("timed out after 8 s" in line for line in lines) == 1, lines
+    assert sum("timed out after 8 s" in line for line in lines) == 2, lines  # world sizes 2 and 3
+    assert any("not run: test_matches_single_process timed out at world size 2" in line for line in lines), lines
     assert all("timed out" in line for line in lines), lines
     assert points(graded, ZERO) == 15
     assert len([t for t in graded.tests if t.problem == ZERO]) == 2  # graded after the hang
@@ -244,11 +279,11 @@ def test_a_test_scores_only_if_every_repetition_passes():
     entries += [{"test": "t1", "problem": ZERO, "passed": ok, "reason": "" if ok else "rank 1: boom"}
                 for ok in (True, False, True)]
     entries += [{"test": "t2", "problem": ZERO, "passed": False, "reason": "rank 0: wrong"}] * 3
-    tests = grade_tests(entries, "2025", not_run="not run: time limit", only=(ZERO,))
+    tests = grade_tests(entries, [ZERO], not_run="not run: time limit")
     outputs = {t.name: (t.score, t.output) for t in tests}
     assert outputs == {"t0": (3.75, "passed 3/3 runs"), "t1": (0.0, "flaky: passed 2/3 runs; failure: rank 1: boom"),
                        "t2": (0.0, "rank 0: wrong"), "t3": (0.0, "not run: time limit")}
-    (row,) = [r for r in problem_grades(tests, "2025", only=(ZERO,)) if r.points is not None]
+    (row,) = [r for r in problem_grades(tests, [ZERO]) if r.points is not None]
     assert (row.passed, row.total, row.flaky, row.points) == (1, 4, 1, 3.75)
 
 
@@ -260,6 +295,18 @@ def test_submission_never_imports_this_repository(tmp_path):
     graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(FSDP,), select="test_adamw")
     assert points(graded, FSDP) == 0
     assert all("No module named 'cs336_basics'" in line for line in failures(graded, FSDP)), failures(graded, FSDP)
+    top = (tmp_path / "out" / "grade.md").read_text().splitlines()[2]
+    assert top.startswith("**Package cs336_basics is not in the submission; looked in cs336-basics/ (absent), the root")
+
+
+def test_packages_are_found_where_the_projects_pyproject_says(tmp_path):
+    """cs336_basics kept in a folder that pyproject.toml's [tool.uv.sources] names, as uv finds it."""
+    tree = make_submission(tmp_path)
+    (tree / "cs336-basics").rename(tree / "basics_mine")
+    (tree / "pyproject.toml").write_text('[project]\nname = "x"\n[tool.uv.sources]\n'
+                                         'cs336-basics = { path = "./basics_mine", editable = true }\n')
+    graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(FSDP,), select="test_adamw")
+    assert points(graded, FSDP) == 15.0, failures(graded, FSDP)
 
 
 def test_repetitions_collapse_into_one_test_wherever_pytest_puts_them():
@@ -268,3 +315,10 @@ def test_repetitions_collapse_into_one_test_wherever_pytest_puts_them():
     assert test_name("grading/suite/t.py::f[rep1]") == "t.py::f"
     assert test_name("grading/suite/t.py::f[2-rep3]") == "t.py::f[2]"
     assert test_name("grading/suite/t.py::f[rep2-get_ddp]") == "t.py::f[get_ddp]"  # a fixture's param after it
+
+
+def test_shares_sum_to_the_handout_points_exactly():
+    for points_ in (5, 8, 15):
+        for tests in range(1, 14):
+            split = shares(points_, tests)
+            assert round(sum(split), 4) == points_ and round(max(split) - min(split), 6) <= 1e-4

@@ -23,7 +23,7 @@ if EDITION not in EDITIONS:
 
 ONLY = tuple(filter(None, os.environ.get("GRADING_PROBLEMS", "").split(",")))  # grade just these
 
-_hung: dict[str, str] = {}  # problem -> the test that timed out first
+_hung: dict[tuple[str, int], str] = {}  # (problem, world size) -> the test that timed out first
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -43,17 +43,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def ranks(request: pytest.FixtureRequest):
-    """``ranks(fn, world_size, *args)``: run a rank function; a failure fails the test in one line."""
+    """``ranks(fn, world_size, payloads)``: run a rank function (grading.training) on the data the
+    grader encoded for each rank; a failure fails the test in one line."""
     problem = request.node.get_closest_marker("problem").args[0]
-    if problem in _hung:
-        pytest.fail(f"not run: {_hung[problem]} timed out, and a hang stops its problem's tests", pytrace=False)
 
-    def run(fn, world_size: int, *args):
+    def run(fn, world_size: int, payloads: list[bytes]):
+        if (problem, world_size) in _hung:
+            pytest.fail(f"not run: {_hung[problem, world_size]} timed out at world size {world_size}, and a hang "
+                        "stops its problem's tests at that world size", pytrace=False)
         try:
-            return run_ranks(fn, world_size, *args)
+            return run_ranks(fn, world_size, payloads)
         except RankFailure as failure:
             if failure.timed_out:
-                _hung.setdefault(problem, request.node.originalname)
+                _hung.setdefault((problem, world_size), request.node.originalname)
             pytest.fail(failure.reason, pytrace=False)
 
     return run

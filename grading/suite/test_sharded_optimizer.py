@@ -1,26 +1,30 @@
 """optimizer_state_sharding: an optimizer wrapper that keeps only this rank's share of the state.
 
-Beyond the public tests: world size 3, and the state each rank holds, which must be about
-1/world size of an unsharded optimizer's (one that keeps the full state on every rank fails).
+The grader compares every rank's parameters with an unsharded optimizer's after every step, and
+the state each rank holds with that optimizer's (grading/checks.py).
 """
 
 import pytest
 
-from grading.cases import ZeroCase, assert_sharded, train_sharded_optimizer
+from grading.checks import ZeroCase, assert_sharded, run_sharded_optimizer
 
 pytestmark = pytest.mark.problem("optimizer_state_sharding")
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_matches_single_process(ranks, world_size):
-    ranks(train_sharded_optimizer, world_size, ZeroCase())
+    """handout: the sharded optimizer steps each parameter as the wrapped optimizer would, and
+    every rank ends each step with every parameter (AdamW)."""
+    run_sharded_optimizer(ranks, world_size, ZeroCase())
 
 
 def test_sgd_with_momentum(ranks):
-    ranks(train_sharded_optimizer, 2, ZeroCase(optimizer="sgd"))
+    """handout: the wrapper takes any optimizer class and its keyword arguments (here SGD with momentum)."""
+    run_sharded_optimizer(ranks, 2, ZeroCase(optimizer="sgd"))
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_state_is_sharded(ranks, world_size):
-    assert_sharded(ranks(train_sharded_optimizer, world_size, ZeroCase()), "state_bytes", "full_state_bytes",
-                   "optimizer state")
+    """handout: each rank keeps the optimizer state of about 1/world size of the parameters."""
+    reports, full = run_sharded_optimizer(ranks, world_size, ZeroCase())
+    assert_sharded(reports, "state", full, "optimizer state")
