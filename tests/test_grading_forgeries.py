@@ -52,6 +52,22 @@ def _forge():
                 pass
 '''
 
+# Tries to write the grader's copy of its own code, this repository (named in the rank's
+# environment) and a file beside the scratch folder, then fails with what it managed.
+TAMPER = '''
+import os as _os, sys as _sys
+_wrote = []
+for _path in [_os.path.join(_os.path.dirname(_sys.modules["grading"].__file__), "report.py"),
+              _os.path.join(_os.environ.get("GRADING_HIDE", "/nonexistent"), "grading", "tampered.py"), {canary!r}]:
+    try:
+        with open(_path, "a") as _f:
+            _f.write("# tampered\\n")
+        _wrote.append(_path)
+    except OSError:
+        pass
+raise RuntimeError("tamper: wrote " + (", ".join(_wrote) or "nothing"))
+'''
+
 ALLCLOSE = "import torch\ntorch.allclose = lambda *a, **k: True\ntorch.equal = lambda *a, **k: True\n"
 
 
@@ -71,6 +87,8 @@ def with_forgery(tmp_path, trick: str, mutant: str | None = None):
     elif trick in ("sys_exit", "os_exit"):
         call = "import sys; sys.exit(0)" if trick == "sys_exit" else "import os; os._exit(0)"
         adapters.write_text(adapters.read_text().replace("    raise NotImplementedError", f"    {call}"))
+    elif trick == "tamper":
+        adapters.write_text(TAMPER.format(canary=str(tmp_path / "canary.txt")) + adapters.read_text())
     elif trick == "kill_parent":
         adapters.write_text("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
                             "try:\n    os.kill(1, signal.SIGKILL)\nexcept OSError:\n    pass\n" + adapters.read_text())
@@ -91,6 +109,7 @@ def test_a_forged_stub_scores_zero(tmp_path, trick, reason):
     graded = grade(with_forgery(tmp_path, trick), tmp_path / "out", 1, "2025", QUICK, quiet=True,
                    only=(ZERO,), select="test_sgd_with_momentum or test_state_is_sharded")
     assert points(graded, ZERO) == 0, [t.output for t in graded.tests]
+    assert all(t.runs == 1 for t in graded.tests), "a forged outcome reached the harness"
     assert all(reason in line for line in failures(graded, ZERO)), failures(graded, ZERO)
     assert graded.seconds < 40  # no trick costs a timeout
 
@@ -102,3 +121,14 @@ def test_a_patched_comparison_earns_what_the_wrong_solution_earns(tmp_path):
                    only=(PER_PARAMETER,), select=MATCHES)
     assert points(graded, PER_PARAMETER) == 0
     assert all("differs from single-process training" in line for line in failures(graded, PER_PARAMETER))
+
+
+def test_ranks_write_no_file_of_the_grader_or_this_repository(tmp_path):
+    if not namespaces_available():
+        pytest.skip("read-only file systems come with the mount namespace")
+    (tmp_path / "canary.txt").write_text("")
+    graded = grade(with_forgery(tmp_path, "tamper"), tmp_path / "out", 1, "2025", QUICK, quiet=True,
+                   only=(ZERO,), select="test_sgd_with_momentum")
+    assert points(graded, ZERO) == 0
+    assert all("tamper: wrote nothing" in line for line in failures(graded, ZERO)), failures(graded, ZERO)
+    assert (tmp_path / "canary.txt").read_text() == ""
