@@ -13,7 +13,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from cs336_systems.results.schema import Record
-from grading.problems import POINTS  # the handout's points, kept with the grader that awards them
+from grading.problems import POINTS as GRADER_POINTS  # the points of the problems the grader knows
+
+# The 2026 edition's section 8, "Analyzing Parallelism Strategies": written answers only, graded by
+# hand from the writeup, which the grader's table (grading/problems.py) does not list.
+SECTION8_POINTS = {"alternate_ring_all_reduce": 1, "data_parallel_calcs": 3, "fsdp_calcs": 3, "tp_calcs": 4,
+                   "fsdp_tp_calcs": 6}
+POINTS = {**GRADER_POINTS, **{name: (points, ("2026",)) for name, points in SECTION8_POINTS.items()}}
 
 CODE, MEASURED, WRITTEN = "code", "measured", "written"  # what a problem's deliverable is
 
@@ -27,7 +33,7 @@ class Problem:
 
     @property
     def points(self) -> int:
-        """The handout's points (grading/problems.py)."""
+        """The handout's points (grading/problems.py; section 8's from SECTION8_POINTS)."""
         return POINTS[self.name][0]
 
     @property
@@ -60,6 +66,9 @@ PROBLEMS: tuple[Problem, ...] = (
             ("cs336_systems/bench/accounting/", "scripts/bench_sharded_optimizer.py"), False),
     Problem("fsdp", CODE, ("cs336_systems/fsdp/",), True),
     Problem("fsdp_accounting", MEASURED, ("cs336_systems/bench/fsdp/", "scripts/bench_fsdp.py"), False),
+    *(Problem(name, WRITTEN, ("cs336_systems/capacity/strategies.py", "cs336_systems/capacity/ring.py",
+                              "cs336_systems/capacity/ffn_check.py", "cs336_systems/writeup/parallelism_section.py"),
+              False) for name in SECTION8_POINTS),
 )
 BY_NAME = {p.name: p for p in PROBLEMS}
 TESTED_POINTS = {p.name: p.points for p in PROBLEMS if p.tested}

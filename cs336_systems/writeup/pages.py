@@ -22,6 +22,7 @@ from cs336_systems.writeup.fsdp_section import fsdp_page
 from cs336_systems.writeup.load import MachineResults
 from cs336_systems.writeup.naive_ddp_section import naive_ddp_page
 from cs336_systems.writeup.overhead_section import overhead_page
+from cs336_systems.writeup.parallelism_section import parallelism_page
 from cs336_systems.writeup.problems_section import grading_page
 from cs336_systems.writeup.profile_section import profile_page
 from cs336_systems.writeup.sharding_section import sharding_page
@@ -63,6 +64,7 @@ PAGES: list[PageFn] = [
     communication_accounting_page,
     sharding_page,
     fsdp_page,
+    parallelism_page,
     doctor_page,
     machines_page,
 ]
