@@ -39,7 +39,9 @@ def _machine_hardware(machine: MachineResults) -> str:
 
 def machines_page(ctx: RenderContext) -> Page:
     """The machines, the units, unreadable files, and every gap the other pages recorded, once per setting."""
-    rows = [[f"`{m.tag}`", _machine_hardware(m), ", ".join(f"`{name}.json`" for name in m.files) or "–"]
+    # The commit each machine's results record (a results file names the checkout it ran from).
+    rows = [[f"`{m.tag}`", _machine_hardware(m), ", ".join(f"`{name}.json`" for name in m.files) or "–",
+             "; ".join(sorted({fmt.commit(f.environment) for f in m.files.values()})) or "–"]
             for m in ctx.inputs.machines]
     unreadable = [(m.tag, name, why) for m in ctx.inputs.machines for name, why in m.unreadable.items()]
     settings: dict[str, list] = {}
@@ -47,7 +49,7 @@ def machines_page(ctx: RenderContext) -> Page:
         settings.setdefault(gap.setting, []).append(gap)
     markdown = templating.render(
         "details/machines.md.j2", results=ctx.results_label,
-        machines=fmt.table(["machine tag", "hardware", "results files"], rows, align="lll") if rows else None,
+        machines=fmt.table(["machine tag", "hardware", "results files", "commits recorded"], rows, align="llll") if rows else None,
         unreadable=unreadable, gaps=settings)
     return Page("machines", markdown)
 
