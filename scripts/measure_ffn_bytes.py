@@ -6,7 +6,7 @@ to its sockets in the forward and the backward pass. Prints every rank's bytes b
 communication term and writes writeup/results/<machine tag>/ffn_bytes.json (or --out). The
 measurement lives in cs336_systems/capacity/ffn_check.py and ffn_bytes.py.
 
-    python scripts/measure_ffn_bytes.py                          # world sizes 2 and 4, B = D = 256, D_FF = 512
+    python scripts/measure_ffn_bytes.py                          # world sizes 2 and 4, B = 512, D = 256, D_FF = 512
     python scripts/measure_ffn_bytes.py --world-sizes 2 4 8 --d-ff 1024
 """
 

@@ -31,7 +31,7 @@ class FfnBytesSetting:
 
     world_sizes: tuple[int, ...] = field(default=(2, 4), metadata=cli.count(
         "gloo ranks of each group, one group per value", minimum=2, maximum=8, many=True))
-    batch: int = field(default=256, metadata=cli.count("B: rows of x, split over DP and FSDP ranks", maximum=4096))
+    batch: int = field(default=512, metadata=cli.count("B: rows of x, split over DP and FSDP ranks", maximum=4096))
     d_model: int = field(default=256, metadata=cli.count("D", maximum=4096))
     d_ff: int = field(default=512, metadata=cli.count("D_FF, split over TP ranks", maximum=16384))
 
@@ -62,17 +62,18 @@ class FfnBytesRecord(Record):
     expected_backward_bytes: float
     max_gradient_error: float  # over ranks: |ours − single-process autograd|, weights' gradients and TP's dx
 
+    def _sent_and_term(self) -> list[tuple[int, float]]:
+        """(bytes a rank sent, the term) for every rank and pass."""
+        return ([(b, self.expected_forward_bytes) for b in self.forward_bytes]
+                + [(b, self.expected_backward_bytes) for b in self.backward_bytes])
+
     def excess(self) -> float:
-        """The largest relative excess of a rank's bytes over the term (0 where both are 0)."""
-        pairs = [(b, self.expected_forward_bytes) for b in self.forward_bytes]
-        pairs += [(b, self.expected_backward_bytes) for b in self.backward_bytes]
-        return max((b - e) / e if e else float(b) for b, e in pairs)
+        """The largest relative excess of a rank's bytes over the term (a pass with no term counts its bytes)."""
+        return max((b - e) / e if e else float(b) for b, e in self._sent_and_term())
 
     def matches(self) -> bool:
         """Every rank sent at least the term and at most :data:`HEADER_ALLOWANCE` more."""
-        pairs = [(b, self.expected_forward_bytes) for b in self.forward_bytes]
-        pairs += [(b, self.expected_backward_bytes) for b in self.backward_bytes]
-        return all(e <= b <= e * (1 + HEADER_ALLOWANCE) for b, e in pairs)
+        return all(e <= b <= e * (1 + HEADER_ALLOWANCE) for b, e in self._sent_and_term())
 
 
 def _rank(ctx, strategies: tuple[str, ...], ffn: Ffn) -> dict[str, fc.RankBytes]:
