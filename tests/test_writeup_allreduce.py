@@ -102,10 +102,12 @@ def test_table_rows_are_the_records_numbers(tmp_path):
 def test_the_answer_reads_the_per_call_cost_from_the_fit(tmp_path):
     md, answer = page_for(tmp_path, {TAG: (line_records("gloo", "cpu", [2]), environment())})
     small, large = planted_s(64 * KB, 2), planted_s(16 * MB, 2)
-    assert f"$o$ = {PLANTED_O_S * 1e6:.0f} µs is {share(PLANTED_O_S, small)} of the 0.0625 MB median" in answer
-    assert f"and {share(PLANTED_O_S, large)} of the 16 MB one" in answer
+    assert f"the 2-rank medians puts $o$ at {PLANTED_O_S * 1e6:.0f} µs" in answer
+    assert f"the fit's $o$ ({share(PLANTED_O_S, small)} of the median) describes an average call" in answer
     peak = 16 * MB / large / 1e9
-    assert f"0.0625 MB reaches a busbw of {64 * KB / small / 1e9:.3g} GB/s against the peak {peak:.3g} GB/s" in answer
+    assert f"At 0.0625 MB the bytes do not set the time: busbw is {64 * KB / small / 1e9:.3g} GB/s against the peak {peak:.3g} GB/s" in answer
+    # Every planted call takes the median, so the fastest is no faster than o.
+    assert f"the fastest 0.0625 MB all-reduces took {small * 1e3:.3g} ms" in answer and "above $o$ itself" in answer
 
 
 @pytest.mark.parametrize("cores, crowded", [(2, ["4", "6"]), (4, ["6"]), (8, [])])

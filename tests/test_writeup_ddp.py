@@ -281,13 +281,13 @@ def test_the_bucket_plan_explains_two_buckets_at_a_cap_above_all_gradients(rende
     first, rest = payloads(planted_plan(10.0))
     assert f"- bucketed-10MB: 2 buckets; the first {fmt.mb(first)} MB (1 parameter" in part
     assert f"then {fmt.mb(rest)} MB ({len(launch_order()) - 1})" in part
-    assert "caps of 10 MB still build 2 buckets" in rendered["answers"]["ddp_bucketed_benchmarking"]
+    assert "Caps of 10 MB still build 2 buckets" in rendered["answers"]["ddp_bucketed_benchmarking"]
 
 
 def test_the_sweep_answer_follows_the_intervals(rendered):
     sweep = rendered["answers"]["ddp_bucketed_benchmarking"]
     # 0.5 MB is 8 ms below flat and 8 ± 2 ms below per-parameter in every round: both resolved.
-    assert "It does: 0.5 MB beat both" in sweep
+    assert sweep.count("**Yes.**") == 1 and "as 0.5 MB do" in sweep
     assert f"| bucketed-0.5MB − flat | {ms(-0.008)} | {ms(-0.008)} to {ms(-0.008)} | bucketed-0.5MB faster |" in \
         run_part(rendered["page"])
     for mb in SWEEP_MB:
@@ -301,7 +301,7 @@ def test_a_sweep_inside_the_noise_does_not_match_and_says_why(tmp_path):
     results = build_results_tree(tmp_path, rehearsal=False, base=base, wobbled=wobbled)
     sweep = answers(render_writeup(results, tmp_path / "out", pages=PAGES).readme.read_text())
     sweep = sweep["ddp_bucketed_benchmarking"]
-    assert "Not here" in sweep and "none beats flat" in sweep and "none beats per-parameter" in sweep
+    assert "**No.**" in sweep and "no size beats flat DDP" in sweep and "no size beats per-parameter DDP" in sweep
     assert "2 ranks × 1 thread fill all 2 cores" in sweep and f"inside {ROUNDS} rounds' noise" in sweep
 
 
@@ -310,8 +310,8 @@ def test_only_the_largest_size_beating_both_matches_in_part(tmp_path):
     base = {**BASE_S, "bucketed-0.05MB": 0.125, "bucketed-0.5MB": 0.125, "bucketed-10MB": 0.110}
     results = build_results_tree(tmp_path, rehearsal=False, base=base)
     sweep = answers(render_writeup(results, tmp_path / "out", pages=PAGES).readme.read_text())
-    assert "Only in part" in sweep["ddp_bucketed_benchmarking"]
-    assert "10 MB beats flat; 10 MB beats per-parameter" in sweep["ddp_bucketed_benchmarking"]
+    assert "**In part.**" in sweep["ddp_bucketed_benchmarking"]
+    assert "10 MB beats flat DDP; 10 MB beats per-parameter DDP" in sweep["ddp_bucketed_benchmarking"]
 
 
 def test_the_verdict_needs_an_interval_not_a_median():

@@ -65,6 +65,8 @@ def _steps_for(
         BenchStep("sharded optimizer accounting", "scripts/bench_sharded_optimizer.py", sharded,
                   f"{out}/sharded_optimizer.json"),
         BenchStep("FSDP beside DDP, ZeRO-1 and torch's FSDP", "scripts/bench_fsdp.py", fsdp, f"{out}/fsdp_step.json"),
+        # Section 8's bytes per rank: gloo on the CPUs wherever the suite runs (seconds; no GPU needed).
+        BenchStep("section 8 FFN: bytes each rank sends", "scripts/measure_ffn_bytes.py", (), f"{out}/ffn_bytes.json"),
     ]
     return steps
 

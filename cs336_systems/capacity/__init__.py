@@ -7,6 +7,11 @@ whole and sharded over N FSDP devices; ``forward`` times the forward pass's matm
 and tensor-parallel collectives and solves for the smallest batch that keeps them hidden;
 ``handout`` holds the constants of the handout's problem communication_accounting. The notation is
 the TPU Scaling Book's (Austin et al. 2025, Part 5); see ``shapes`` for the vocabulary.
+
+The 2026 edition's section 8 (one FFN layer under DP, FSDP, TP and FSDP + TP) has its own modules,
+in the handout's notation: ``strategies`` (the closed forms and bounds), ``ring`` (a step-by-step
+simulator of the ring collectives), ``ffn_check`` (FLOPs counted by torch, bytes measured on gloo
+ranks, with torch) and ``ffn_bytes`` (the measurement's record and runner).
 """
 
 from cs336_systems.capacity.forward import (

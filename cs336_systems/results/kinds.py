@@ -23,6 +23,7 @@ KINDS = {
     "doctor": "cs336_systems.doctor.report:DoctorReport",
     "grades": "cs336_systems.problems:GradeRecord",
     "bucket_family": "cs336_systems.bench.family.record:FamilyRecord",
+    "ffn_bytes": "cs336_systems.capacity.ffn_bytes:FfnBytesRecord",
 }
 
 

@@ -19,6 +19,7 @@ from cs336_systems.writeup.allreduce_analysis import (
 from cs336_systems.writeup.allreduce_figure import allreduce_figure
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.coverage import note_gaps
+from cs336_systems.writeup.overhead_fit import fit_with_intervals
 
 BENCHMARK = AllReduceRecord.KIND
 PROBLEM = "distributed_communication_single_node"
@@ -85,8 +86,11 @@ def _kind(lines: list[Line], env: Environment) -> dict:
         ranks = dict(a=a, b=b, ratio=ratio, ring=ring, bound=bound,
                      reading="below" if ratio < ring else "between" if bound is None or ratio <= bound else "above")
     crowded = [(line.group.world_size, ranks_per_core(line.group.world_size, env.cpu_count)) for line in lines]
+    # How well the first line's fit pins o down, against its smallest payload's fastest calls.
+    first_fit = fit_with_intervals(first.group, first.records)
     return dict(group=first.group, lines=lines, peak=peak, ranks=ranks, cores=env.cpu_count, gpus=env.gpu_count,
-                crowded=[(n, share) for n, share in crowded if share is not None])
+                crowded=[(n, share) for n, share in crowded if share is not None],
+                o_interval=first_fit.intervals.o_s if first_fit.intervals else None)
 
 
 def allreduce_page(ctx: RenderContext) -> Page:
@@ -113,7 +117,10 @@ def allreduce_page(ctx: RenderContext) -> Page:
             tag=machine.tag, setting=fmt.setting_line(env, results.source, parts=parts), table=_table(lines, records),
             pivot=_pivot(list(lines.values())), kinds=[_kind(ls, env) for ls in kinds.values()],
             figure=figure and ctx.image(figure, f"all-reduce time and busbw against payload on {machine.tag}"),
-            measured=len(measured), wrong=[r for r in measured if r.correct is False]))
+            measured=len(measured), wrong=[r for r in measured if r.correct is False],
+            skipped=[r for r in records if not r.measured],
+            memory_skips=any((r.skip_reason or "").startswith("memory") for r in records if not r.measured),
+            answer_figure=figure and ctx.answer_image(figure, f"all-reduce time and busbw against payload on {machine.tag}")))
     missing = [s.name for s in note_gaps(ctx, BENCHMARK, "the all-reduce benchmark")]
     values = dict(runs=runs, missing=missing, details=details_link("allreduce"))
     return Page("allreduce", templating.render("details/allreduce.md.j2", **values),

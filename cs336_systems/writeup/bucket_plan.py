@@ -44,6 +44,10 @@ def large_cap(sweep: list[StepRecord], s_bytes: float | None, shapes: dict[str, 
     r = large[0]
     first = r.bucket_params[0] if r.bucket_params else []
     first_bytes = FLOAT32_BYTES * math.prod(shapes[first[0]]) if len(first) == 1 and first[0] in shapes else None
+    # Caps that hold every gradient all build the same plan (the first bucket, then the rest): their
+    # step times differ only by noise.
+    same_plan = len(large) > 1 and all(x.bucket_bytes == r.bucket_bytes for x in large)
     return dict(caps=[x.bucket_size_mb for x in large], counts=sorted({x.n_buckets for x in large}), record=r,
+                records=large, same_plan=same_plan,
                 first_cap=r.first_bucket_cap_bytes, first=first[0] if len(first) == 1 else None,
                 first_shape=shapes.get(first[0]) if first_bytes else None, first_bytes=first_bytes)

@@ -1,4 +1,8 @@
-"""fsdp_accounting (2026 edition): DDP, ZeRO-1, our FSDP and torch's FSDP measured side by side.
+"""fsdp_accounting (2026 edition): DDP, the sharded optimizer, our FSDP and torch's FSDP measured side by side.
+
+"ZeRO-1" in the writeup means only the paper's stage 1 (Rajbhandari et al. 2020: mixed precision,
+2Ψ + 2Ψ + 12Ψ/N bytes, DP's traffic); this repo's ShardedOptimizer (FP32, 4Ψ + 4Ψ + 8Ψ/N, a
+broadcast on top of DP's all-reduce) is "the sharded optimizer".
 
 Reads ``fsdp_step.json`` (one :class:`FsdpStepRecord` per configuration); step-time differences only with
 their paired 95% interval. Words in ``templates/answers/fsdp_accounting.md.j2`` and ``templates/details/fsdp.md.j2``.
@@ -6,9 +10,11 @@ their paired 95% interval. Words in ``templates/answers/fsdp_accounting.md.j2`` 
 
 from __future__ import annotations
 
+from cs336_systems.bench.fsdp.configurations import DESCRIPTIONS
 from cs336_systems.bench.fsdp.formulas import DDP, FSDP, TORCH_FSDP, ZERO1
 from cs336_systems.bench.fsdp.record import ALL_GATHER, COLLECTIVES, REDUCE_SCATTER, FsdpStepRecord, FsdpTimeline
 from cs336_systems.bench.profile.timeline import merge_intervals, total_length
+from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES as FP32_BYTES
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.fsdp_figure import render_fsdp_timelines
@@ -16,7 +22,8 @@ from cs336_systems.writeup.load import MachineResults, ResultsFile
 from cs336_systems.writeup.paired import Paired, signed_ms
 
 KIND = FsdpStepRecord.KIND
-NAMES = {DDP: "DDP", ZERO1: "ZeRO-1", FSDP: "our FSDP", TORCH_FSDP: "torch's FSDP"}
+SHOWN_PART_BYTES = 0.05 * 2**20  # parts of the saving's departure below this are not named
+NAMES = {DDP: "DDP", ZERO1: "sharded optimizer", FSDP: "our FSDP", TORCH_FSDP: "torch's FSDP"}
 
 
 def _overlap(a: list[list[float]], b: list[list[float]]) -> float:
@@ -28,10 +35,35 @@ def _overlap(a: list[list[float]], b: list[list[float]]) -> float:
 def _timeline(name: str, t: FsdpTimeline) -> dict:
     gathers, reductions = t.collectives.get(ALL_GATHER, []), t.collectives.get(REDUCE_SCATTER, [])
     forward, backward = t.phases.get("forward", [0.0, 0.0]), t.phases.get("backward", [0.0, 0.0])
+    # Forward's own all-gathers (launched inside it), apart from the step's: backward gathers again.
+    in_forward = [g for g in gathers if forward[0] <= g[0] <= forward[1]]
     return dict(name=name, step=t.duration_s, timed=t.timed_median_s, wait=total_length(map(tuple, t.waits)),
+                forward_gathers=len(in_forward), forward_gather_open=total_length(map(tuple, in_forward)),
+                forward_computing=_overlap(in_forward, t.compute),
                 forward=forward[1] - forward[0], forward_wait=_overlap(t.waits, [forward]), gathers=len(gathers),
                 gather_open=total_length(map(tuple, gathers)), computing=_overlap(gathers, t.compute),
                 reductions=len(reductions), in_backward=sum(backward[0] <= s <= backward[1] for s, _ in reductions))
+
+
+def _against_formula(by: dict[str, FsdpStepRecord], n: int, psi: int) -> dict:
+    """Section 6's FP32 accounting against the measured peaks: what FSDP should save against DDP, and
+    where the measured saving departs from it, part by part (each part's excess at DDP's peak over
+    its formula plus its shortfall at our FSDP's peak; activations against DDP's)."""
+    ordered = [by[c] for c in (DDP, ZERO1, FSDP, TORCH_FSDP) if c in by]
+    shard = FP32_BYTES * psi / n
+    out = dict(expected_saving=(1 - 1 / n) * 16 * psi, activations=[r.peak_activations_bytes for r in ordered],
+               grad_shard=shard, beyond=None,
+               partial_grads=[fmt.mb(by[c].peak_gradients_bytes) for c in (FSDP, TORCH_FSDP)
+                              if c in by and by[c].peak_gradients_bytes < shard])
+    if DDP not in by or FSDP not in by:
+        return out
+    ddp, ours = by[DDP].peak_parts, by[FSDP].peak_parts
+    whole = {"parameters": FP32_BYTES * psi, "gradients": FP32_BYTES * psi, "optimizer_state": 2 * FP32_BYTES * psi}
+    diffs = {part: (ddp[part] - whole[part]) + (whole[part] / n - ours[part]) for part in whole}
+    diffs["activations"] = ddp["activations"] - ours["activations"]
+    shown = [(part.replace("_", " "), v) for part, v in diffs.items() if abs(v) >= SHOWN_PART_BYTES]
+    out["beyond"] = dict(total=sum(diffs.values()), parts=shown)
+    return out
 
 
 def _paired(r: FsdpStepRecord) -> Paired | None:
@@ -44,7 +76,8 @@ def _run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> d
     records: list[FsdpStepRecord] = results.records
     by = {r.configuration: r for r in records}
     named = [(NAMES.get(r.configuration, r.configuration), r) for r in records]
-    times = [[name, r.description, fmt.ms(r.median_step_s), f"{fmt.ms(r.min_step_s)}–{fmt.ms(r.max_step_s)}",
+    # What each configuration is, in the writeup's words (the record's text may predate them).
+    times = [[name, DESCRIPTIONS.get(r.configuration, r.description), fmt.ms(r.median_step_s), f"{fmt.ms(r.min_step_s)}–{fmt.ms(r.max_step_s)}",
               *(["–"] * 3 if d is None else [signed_ms(d.median_s), fmt.ms_interval(d.interval_s), d.reading]),
               fmt.sig(r.tokens_per_s)] for name, r in named for d in [_paired(r)]]
     memory = [[name, fmt.mb(r.peak_bytes), *(fmt.mb(v) for v in r.peak_parts.values()), fmt.mb(r.resident_bytes),
@@ -57,8 +90,10 @@ def _run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> d
     traced = [(NAMES[c], by[c].timeline) for c in (FSDP, TORCH_FSDP) if c in by and by[c].timeline]
     figure = render_fsdp_timelines(traced, ctx.figure_path(f"{machine.tag}_{results.name}_timeline.png")) \
         if traced else None
+    n, psi = results.environment.world_size, records[0].n_parameters
     return dict(
-        tag=machine.tag, n=results.environment.world_size, psi=records[0].n_parameters, figure=figure,
+        **_against_formula(by, n, psi),
+        tag=machine.tag, n=n, psi=psi, figure=figure,
         setting=fmt.workload_setting_line(results, f"{results.setting.get('rounds', '?')} rounds"),
         mode=by[FSDP].fsdp_mode if FSDP in by else None, peak={c: r.peak_bytes for c, r in by.items()},
         torch=_paired(by[TORCH_FSDP]) if TORCH_FSDP in by and FSDP in by else None,

@@ -14,8 +14,10 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
+from cs336_systems.bench.family.record import FamilyRecord
 from cs336_systems.bench.profile.record import ProfileRecord
 from cs336_systems.bench.step.variants import TORCH_DDP
+from cs336_systems.ddp.auto_bucket import CALIBRATION_ITERS, CALIBRATION_PAYLOAD_BYTES
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.ddp_analysis import (STEP_KIND, OverheadPrediction, bucket_sweep, by_variant,
@@ -111,6 +113,7 @@ def _prediction(ctx: RenderContext, machine: MachineResults, results: ResultsFil
                            f"{machine.tag}", ctx.figure_path(f"{machine.tag}_{results.name}_overhead_model.png"))
     size = lambda row: fmt.size_mb(row.record.bucket_size_mb)  # noqa: E731
     return {**out, "p": p, "fit": g.fit, "iv": g.intervals, "p_max": p_max, "backward": backward,
+            "fitted": g.records, "auto": _auto_calibration(machine, p.s_bytes),
             "threads": threads,
             "cores_shared": env.device_type == "cpu" and bool(env.cpu_count and threads)
             and env.world_size * threads >= env.cpu_count,
@@ -135,6 +138,16 @@ def _prediction(ctx: RenderContext, machine: MachineResults, results: ResultsFil
             "figure": path, "image": ctx.image(path, f"overhead model against the bucket sweep on {machine.tag}")}
 
 
+def _auto_calibration(machine: MachineResults, s_bytes: float) -> dict | None:
+    """``bucket_size_mb="auto"``'s own fit on the same model (the family run's model whose gradients are
+    ``s_bytes``), to set beside the benchmark's: both fit o + b/w, on different payloads."""
+    found = next((r for f in machine.runs(FamilyRecord.KIND) for r in f.records
+                  if abs(r.gradient_bytes - s_bytes) < 1), None)
+    if found is None:
+        return None
+    return dict(record=found, payloads=CALIBRATION_PAYLOAD_BYTES, iters=CALIBRATION_ITERS)
+
+
 def overhead_page(ctx: RenderContext) -> Page:
     fits = [dict(tag=m.tag, setting=fmt.setting_line(m.runs("allreduce")[0].environment, "`, `".join(
                  r.source for r in m.runs("allreduce"))), table=fmt.table(FIT_HEADERS, [fit_row(g) for g in gs]),
@@ -146,7 +159,7 @@ def overhead_page(ctx: RenderContext) -> Page:
                + coverage.note_gaps(ctx, STEP_KIND, "the bucket sweep the model is checked on (DDP step benchmark)",
                                     runs=[f for _, f in step_runs(ctx.inputs)])]
     values = dict(fits=fits, runs=runs, missing=sorted(set(missing)), band=RATIO_BAND, link=details_link(
-        "overhead_model"), gaps=details_link("machines", "not-measured-here"))
+        "overhead_model"), gaps=details_link("machines", "not-measured-here"), family=details_link("auto_bucket"))
     answer = templating.render("answers/ddp_bucketed_benchmarking_b.md.j2", **values)
     markdown = templating.render("details/overhead_model.md.j2", **{**values, "gaps": "machines.md#not-measured-here"})
     return Page("overhead_model", markdown, {"ddp_bucketed_benchmarking": answer},

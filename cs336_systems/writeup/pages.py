@@ -22,6 +22,7 @@ from cs336_systems.writeup.fsdp_section import fsdp_page
 from cs336_systems.writeup.load import MachineResults
 from cs336_systems.writeup.naive_ddp_section import naive_ddp_page
 from cs336_systems.writeup.overhead_section import overhead_page
+from cs336_systems.writeup.parallelism_section import parallelism_page
 from cs336_systems.writeup.problems_section import grading_page
 from cs336_systems.writeup.profile_section import profile_page
 from cs336_systems.writeup.sharding_section import sharding_page
@@ -38,7 +39,9 @@ def _machine_hardware(machine: MachineResults) -> str:
 
 def machines_page(ctx: RenderContext) -> Page:
     """The machines, the units, unreadable files, and every gap the other pages recorded, once per setting."""
-    rows = [[f"`{m.tag}`", _machine_hardware(m), ", ".join(f"`{name}.json`" for name in m.files) or "–"]
+    # The commit each machine's results record (a results file names the checkout it ran from).
+    rows = [[f"`{m.tag}`", _machine_hardware(m), ", ".join(f"`{name}.json`" for name in m.files) or "–",
+             "; ".join(sorted({fmt.commit(f.environment) for f in m.files.values()})) or "–"]
             for m in ctx.inputs.machines]
     unreadable = [(m.tag, name, why) for m in ctx.inputs.machines for name, why in m.unreadable.items()]
     settings: dict[str, list] = {}
@@ -46,7 +49,7 @@ def machines_page(ctx: RenderContext) -> Page:
         settings.setdefault(gap.setting, []).append(gap)
     markdown = templating.render(
         "details/machines.md.j2", results=ctx.results_label,
-        machines=fmt.table(["machine tag", "hardware", "results files"], rows, align="lll") if rows else None,
+        machines=fmt.table(["machine tag", "hardware", "results files", "commits recorded"], rows, align="llll") if rows else None,
         unreadable=unreadable, gaps=settings)
     return Page("machines", markdown)
 
@@ -63,6 +66,7 @@ PAGES: list[PageFn] = [
     communication_accounting_page,
     sharding_page,
     fsdp_page,
+    parallelism_page,
     doctor_page,
     machines_page,
 ]

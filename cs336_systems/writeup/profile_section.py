@@ -5,8 +5,12 @@ every profiled step of rank 0 is reported, as two steps of one run give no inter
 
 from __future__ import annotations
 
+import gzip
+import json
+
 from cs336_systems.bench.profile.record import US, ProfileRecord
 from cs336_systems.bench.profile.setting import ProfileSetting, nsys_command
+from cs336_systems.results.paths import PROFILE_DIR
 from cs336_systems.results.schema import SchemaError, from_json
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
@@ -17,7 +21,21 @@ PROFILE_KIND = ProfileRecord.KIND
 STEP_RUN = "ddp_step"  # the step benchmark's run the profile is compared with
 SAME_WORKLOAD = ("model_size", "context_length", "global_batch", "seed", "world_size")
 HEADERS = ["machine", "variant", "step", "all-reduce time inside backward", "all-reduce time (ms)", "backward (ms)",
-           "step (ms)", "all-reduce calls"]
+           "step (ms)", "all-reduce events", "all-reduce calls"]
+# One per all-reduce call in a torch profiler trace, whatever the backend logs beneath it: gloo on
+# CUDA logs two "gloo:all_reduce" events per call (its worker's, beside its host-device copies).
+CALL_EVENT = "c10d::allreduce_"
+
+
+def _calls_per_step(machine: MachineResults, r: ProfileRecord) -> float | None:
+    """All-reduce calls per profiled step, counted in the record's trace (None without the trace)."""
+    path = machine.folder / PROFILE_DIR / r.trace
+    if not path.is_file() or not r.timelines:
+        return None
+    with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
+        trace = json.load(f)
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    return sum(e.get("name") == CALL_EVENT for e in events) / len(r.timelines)
 
 
 def _variant(r: ProfileRecord) -> dict:
@@ -47,6 +65,7 @@ def _machine(ctx: RenderContext, machine: MachineResults, results: ResultsFile) 
              for r in records}
     both = render_timelines([(r.variant, r.timeline) for r in records], ctx.figure_path(f"{stem}_overlap.png"))
     v = {r.variant: _variant(r) for r in records}
+    calls = {r.variant: _calls_per_step(machine, r) for r in records}
     return dict(tag=machine.tag, env=results.environment, s=s, v=v, naive=v.get("naive"), pp=v.get("per-parameter"),
                 figures=[both, *drawn.values()], image=ctx.image(both, f"timelines on {machine.tag}"),
                 answer_image=ctx.answer_image(both, f"naive and per-parameter DDP timelines on {machine.tag}"),
@@ -57,7 +76,8 @@ def _machine(ctx: RenderContext, machine: MachineResults, results: ResultsFile) 
                 ranks=results.notes.get("ranks_on_node") or results.environment.world_size,
                 rows=[[f"`{machine.tag}`", r.variant, k + 1, fmt.pct(t.overlap_fraction),
                        fmt.ms(t.communication_us * US), fmt.ms(t.backward_us * US), fmt.ms(t.duration_us * US),
-                       t.n_comm_events] for r in records for k, t in enumerate(r.timelines)])
+                       t.n_comm_events, "–" if calls[r.variant] is None else f"{calls[r.variant]:g}"]
+                      for r in records for k, t in enumerate(r.timelines)])
 
 
 def profile_page(ctx: RenderContext) -> Page:
@@ -66,7 +86,7 @@ def profile_page(ctx: RenderContext) -> Page:
                                                   "per-parameter DDP")]
     rows = [row for m in machines for row in m["rows"]]
     values = dict(machines=machines, missing=missing, link=details_link("profile"),
-                  table=fmt.table(HEADERS, rows, align="llrrrrrr") if rows else None)
+                  table=fmt.table(HEADERS, rows, align="llrrrrrrr") if rows else None)
     answer = templating.render("answers/ddp_overlap_individual_parameters_benchmarking_b.md.j2",
                                **values, gaps=details_link("machines", "not-measured-here"))
     markdown = templating.render("details/profile.md.j2", **values, gaps="machines.md#not-measured-here")

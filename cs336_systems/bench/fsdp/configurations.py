@@ -2,8 +2,9 @@
 
 * ``ddp``: :class:`~cs336_systems.ddp.BucketedDDP` (25 MB buckets) and AdamW: every rank holds
   the whole model, its gradients and its optimizer state;
-* ``zero1``: the same DDP with :class:`~cs336_systems.zero.ShardedOptimizer` over AdamW
-  (ZeRO stage 1): optimizer state sharded, updated parameters broadcast by their owners;
+* ``zero1``: the same DDP with :class:`~cs336_systems.zero.ShardedOptimizer` over AdamW (the
+  sharded optimizer; like ZeRO stage 1 it shards optimizer state, but in FP32 and only AdamW's moments,
+  and its owners broadcast updated parameters): optimizer state sharded;
 * ``fsdp``: our :class:`~cs336_systems.fsdp.FullyShardedDataParallel` in its default
   reduce-scatter mode (ZeRO stage 3), the FSDP ``adapters.get_fsdp`` builds: parameters,
   gradients and optimizer state sharded (the record's ``fsdp_mode`` names the mode timed);
@@ -35,7 +36,7 @@ from cs336_systems.zero import ShardedOptimizer
 CONFIGURATIONS = (DDP, ZERO1, FSDP, TORCH_FSDP)
 DESCRIPTIONS = {
     DDP: "bucketed DDP (25 MB buckets), AdamW",
-    ZERO1: "bucketed DDP (25 MB buckets), AdamW sharded by ZeRO-1",
+    ZERO1: "bucketed DDP (25 MB buckets), AdamW under our sharded optimizer",
     FSDP: "our FSDP (reduce-scatter mode), AdamW on the shards",
     TORCH_FSDP: "torch's fully_shard per block and on the model, AdamW on the shards",
 }

@@ -7,7 +7,7 @@ algorithms (Patarasuk and Yuan, 2009; the accounting nccl-tests' busbw uses) eac
 average over the ranks receives (n-1)/n of a broadcast's. With B the model's parameter bytes:
 
 * DDP: one all-reduce of every gradient, 2(n-1)/n B;
-* DDP + ZeRO-1: the same, plus each owner broadcasting its updated parameters, (n-1)/n B more;
+* DDP + the sharded optimizer: the same, plus each owner broadcasting its updated parameters, (n-1)/n B more;
 * FSDP: every weight all-gathered for forward and again for backward and its gradient
   reduce-scattered, 3(n-1)/n B: 1.5 times DDP (the ZeRO paper, Rajbhandari et al., 2020, sec. 7).
 
