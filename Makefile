@@ -16,7 +16,7 @@ endif
 unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
-.PHONY: help env test grade bench bench-quick bench-gpu writeup doctor
+.PHONY: help env test grade autograder bench bench-quick bench-gpu writeup doctor
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -34,18 +34,23 @@ endif
 test: env ## run every correctness test in parallel, print the grade table and write it to writeup/results
 	$(PY) -m pytest -n auto --dist loadgroup --grades-out auto
 
-# make grade SUBMISSION=<checkout or .zip> [OUT=dir] [REPEATS=3] [EDITION=2025|2026]
-# make grade SUBMISSIONS=<folder of checkouts and zips> [OUT=dir] [JOBS=n]
+# make grade SUBMISSION=<checkout or .zip> [OUT=dir] [REPEATS=3] [EDITION=2025|2026] [ONLY=problem]
+# make grade SUBMISSIONS=<folder of checkouts and zips> [OUT=dir] [JOBS=n] [EXECUTOR=inprocess|local|slurm]
+#            [PARTITION=p] [REGRADE=1] [ONLY=problem]
+GRADE_ARGS = $(if $(OUT),--out "$(OUT)") --repeats $(or $(REPEATS),3) $(if $(EDITION),--edition $(EDITION)) \
+	$(foreach p,$(ONLY),--only $(p))
 grade: env ## grade a student's checkout or zip (SUBMISSION=) or a folder of them (SUBMISSIONS=): results.json, grade.md
 ifneq ($(SUBMISSIONS),)
-	$(PY) -m grading --folder "$(SUBMISSIONS)" $(if $(OUT),--out "$(OUT)") --repeats $(or $(REPEATS),3) \
-		$(if $(EDITION),--edition $(EDITION)) $(if $(JOBS),--jobs $(JOBS))
+	$(PY) -m grading --folder "$(SUBMISSIONS)" $(GRADE_ARGS) $(if $(JOBS),--jobs $(JOBS)) \
+		$(if $(EXECUTOR),--executor $(EXECUTOR)) $(if $(PARTITION),--partition $(PARTITION)) $(if $(filter 1,$(REGRADE)),--regrade)
 else ifneq ($(SUBMISSION),)
-	$(PY) -m grading "$(SUBMISSION)" $(if $(OUT),--out "$(OUT)") --repeats $(or $(REPEATS),3) \
-		$(if $(EDITION),--edition $(EDITION))
+	$(PY) -m grading "$(SUBMISSION)" $(GRADE_ARGS)
 else
-	@echo "usage: make grade SUBMISSION=<checkout or .zip> | SUBMISSIONS=<folder> [OUT=dir] [REPEATS=n] [EDITION=2025|2026]"; exit 2
+	@echo "usage: make grade SUBMISSION=<checkout or .zip> | SUBMISSIONS=<folder> [OUT=dir] [REPEATS=n] [EDITION=2025|2026] [ONLY=problem] [EXECUTOR=local|slurm PARTITION=p] [REGRADE=1]"; exit 2
 endif
+
+autograder: env ## autograder.zip for Gradescope: setup.sh (CPU torch and the locked packages), run_autograder, the grader
+	$(PY) -m grading.autograder autograder.zip
 
 bench: env ## CPU benchmarks with gloo on this machine (<15 min on 2 cores), then the writeup
 	$(PY) scripts/run_benchmarks.py --suite cpu

@@ -1,7 +1,8 @@
 """``python -m grading``: grade a submission or a folder of them (``make grade``).
 
-    python -m grading SUBMISSION [--out DIR] [--repeats N] [--edition 2025|2026]
-    python -m grading --folder FOLDER [--out DIR] [--jobs N]
+    python -m grading SUBMISSION [--out DIR] [--repeats N] [--edition 2025|2026] [--only PROBLEM]
+    python -m grading --folder FOLDER [--out DIR] [--jobs N] [--executor inprocess|local|slurm]
+                      [--partition P] [--regrade]
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from grading.harness import Limits, grade, grade_folder
+from grading.course import EXECUTORS, grade_folder
+from grading.harness import Limits, grade
+from grading.problems import GRADED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,11 +29,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=Limits.submission_timeout_s,
                         help="seconds for a whole submission")
     parser.add_argument("--memory-gb", type=float, default=Limits.memory_gb, help="address space per process")
+    parser.add_argument("--only", action="append", choices=GRADED["both"], metavar="PROBLEM",
+                        help="grade only this problem (repeat for more): a regrade")
+    parser.add_argument("--executor", choices=EXECUTORS, default="inprocess",
+                        help="a folder: graded here, or one job each through submitit (local or slurm)")
+    parser.add_argument("--partition", help="the SLURM partition (--executor slurm)")
+    parser.add_argument("--regrade", action="store_true", help="a folder: grade again what was graded before")
     args = parser.parse_args(argv)
     if (args.submission is None) == (args.folder is None):
         parser.error("give one SUBMISSION or --folder FOLDER")
     if args.repeats < 1 or args.jobs < 1 or args.test_timeout <= 0 or args.time_limit <= 0:
         parser.error("--repeats, --jobs, --test-timeout and --time-limit must be positive")
+    if args.executor == "slurm" and not args.partition:
+        parser.error("--executor slurm needs --partition")
+    if args.submission is not None and (args.executor != "inprocess" or args.regrade):
+        parser.error("--executor and --regrade are for a --folder")
+    only = tuple(args.only) if args.only else None
     target = args.folder or args.submission
     if not target.exists():
         parser.error(f"{target} does not exist")
@@ -38,10 +52,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{target} is neither a folder nor a .zip")
     limits = Limits(args.test_timeout, args.time_limit, args.memory_gb)
     if args.folder:
-        grade_folder(args.folder, args.out or Path("grades"), args.repeats, args.edition, limits, args.jobs)
+        grade_folder(args.folder, args.out or Path("grades"), args.repeats, args.edition, limits, args.jobs, only,
+                     executor=args.executor, partition=args.partition, regrade=args.regrade)
     else:
         name = args.submission.resolve().name.removesuffix(".zip")
-        grade(args.submission, args.out or Path("grades") / name, args.repeats, args.edition, limits)
+        grade(args.submission, args.out or Path("grades") / name, args.repeats, args.edition, limits, only=only)
     return 0
 
 

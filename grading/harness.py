@@ -36,7 +36,6 @@ import threading
 import time
 import uuid
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +64,26 @@ class Graded:
     rows: list[report.ProblemGrade]
     tests: list[report.TestGrade]
     seconds: float
+    note: str = ""  # why there is no grade (a folder's job that died), "" when graded
+
+
+def grader_commit() -> str:
+    """The commit of the grader that grades, for a regrade with the same code: the ``COMMIT``
+    file an autograder package carries, else git's answer for this checkout ("+changes" when
+    the grader's files differ from it)."""
+    stamped = GRADER_DIR / "COMMIT"
+    if stamped.is_file():
+        return stamped.read_text().strip()
+    try:
+        run = lambda *a: subprocess.run(["git", "-C", str(GRADER_DIR.parent), *a], capture_output=True,  # noqa: E731
+                                        text=True, timeout=10)
+        head = run("rev-parse", "--short=12", "HEAD")
+        if head.returncode:
+            return "unknown (not a git checkout)"
+        changed = run("status", "--porcelain", "--", str(GRADER_DIR)).stdout.strip()
+        return head.stdout.strip() + ("+changes" if changed else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (no git)"
 
 
 def unpack(submission: Path, dest: Path) -> None:
@@ -189,7 +208,9 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
         tests = report.grade_tests(entries, problems, notes, not_run)
         rows = report.problem_grades(tests, problems, hand_graded(edition))
         seconds = time.monotonic() - start
-        header = (f"Edition {edition}; {repeats} run(s) per test, a test scores only if all pass; "
+        regraded = f"; only {', '.join(only)}" if only else ""
+        header = (f"Edition {edition}; grader commit {grader_commit()}{regraded}; "
+                  f"{repeats} run(s) per test, a test scores only if all pass; "
                   f"isolation: {isolation}; graded in {seconds:.0f} s.")
         report.write_outputs(out, name, header, tests, rows, seconds, missing)
         if not quiet:
@@ -282,20 +303,3 @@ def _collect(fd: int, into: list[bytes]) -> None:
     with os.fdopen(fd, "rb", buffering=0) as pipe:
         while chunk := pipe.read(1 << 16):
             into.append(chunk)
-
-
-def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, limits: Limits,
-                 jobs: int, only: tuple[str, ...] | None = None, select: str | None = None) -> list[Graded]:
-    """Grade every checkout and zip in ``folder``, ``jobs`` at once; writes ``out/grades.csv``."""
-    submissions = sorted(p for p in folder.iterdir() if p.is_dir() or p.suffix == ".zip")
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        graded = list(pool.map(lambda s: grade(s, out / s.name.removesuffix(".zip"), repeats, edition,
-                                               limits, quiet=True, only=only, select=select),
-                                  submissions))
-    report.write_csv(out / "grades.csv", [(g.name, g.rows) for g in graded])
-    for g in graded:
-        earned = sum(r.points for r in g.rows if r.points is not None)
-        possible = sum(r.possible for r in g.rows if r.points is not None)
-        print(f"{g.name:<40} {earned:6.1f}/{possible}  ({g.seconds:.0f} s)")
-    print(f"written: {out / 'grades.csv'} and one folder per submission")
-    return graded

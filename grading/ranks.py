@@ -127,9 +127,28 @@ def capabilities() -> int:
 
 
 def _use_submission(roots: list[str]) -> None:
-    """Import the submission's packages after everything else: its ``torch.py`` or ``pytest.py``
-    shadows nothing; its working directory is its root, as when it runs its own tests."""
-    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) not in map(os.path.realpath, roots)]
+    """Import the submission's packages after everything else, and nothing in their place.
+
+    The path keeps the standard library, site-packages and the grader's own folder, then the
+    submission's folders: its ``torch.py`` or ``pytest.py`` shadows nothing. Any other entry
+    goes: a project installed in editable mode puts its root on the path through a .pth file,
+    and this repository's ``cs336_systems`` must never stand in for a submission's. The working
+    directory is the submission's root, as when it runs its own tests."""
+    import site
+    import sysconfig
+
+    grader = os.path.dirname(os.path.dirname(os.path.abspath(wire.__file__)))
+    allowed = {os.path.realpath(p) for p in (*(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
+                                                                                   "platlib")),
+                                             *site.getsitepackages(), grader)}
+    zipped = os.path.realpath(sys.base_prefix)
+
+    def kept(entry: str) -> bool:
+        real = os.path.realpath(entry) if entry else ""
+        return bool(entry) and (any(real == a or real.startswith(a + os.sep) for a in allowed)
+                                or (real.endswith(".zip") and real.startswith(zipped + os.sep)))
+
+    sys.path[:] = [p for p in sys.path if kept(p) and os.path.realpath(p) not in map(os.path.realpath, roots)]
     sys.path.extend(roots)
     os.chdir(roots[0])
 

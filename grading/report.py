@@ -14,10 +14,12 @@ from __future__ import annotations
 import csv
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from grading.problems import GRADED, POINTS, hand_graded
+from grading.problems import GRADED, POINTS
+
+GRADE_RECORD = "grade.json"  # every row and test, to gather a folder's grades without grading again
 
 
 @dataclass(frozen=True)
@@ -187,15 +189,26 @@ def write_outputs(out: Path, name: str, header: str, tests: list[TestGrade], row
     results = gradescope_results(tests, seconds, "\n".join([*notes, header]))
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "grade.md").write_text(grade_markdown(name, header, rows, tests, notes))
+    record = {"name": name, "header": header, "notes": list(notes), "seconds": round(seconds, 1),
+              "rows": [asdict(r) for r in rows], "tests": [asdict(t) for t in tests]}
+    (out / GRADE_RECORD).write_text(json.dumps(record, indent=1) + "\n")
 
 
-def write_csv(path: Path, graded: list[tuple[str, list[ProblemGrade]]]) -> None:
-    """One row per submission, one column per problem the suite graded in any of them, and the total."""
-    problems = [p for p in POINTS if any(r.problem == p and r.points is not None for _, rows in graded for r in rows)]
+def load_grade(out: Path) -> tuple[list[ProblemGrade], list[TestGrade], float]:
+    """What ``write_outputs`` recorded in ``out``: a folder's rerun skips that submission."""
+    record = json.loads((out / GRADE_RECORD).read_text())
+    return ([ProblemGrade(**r) for r in record["rows"]], [TestGrade(**t) for t in record["tests"]],
+            record["seconds"])
+
+
+def write_csv(path: Path, graded: list[tuple[str, list[ProblemGrade], str]]) -> None:
+    """One row per submission, one column per problem the suite graded in any of them, the total,
+    and a note saying why a submission has no grade (its job died)."""
+    problems = [p for p in POINTS if any(r.problem == p and r.points is not None for _, rows, _ in graded for r in rows)]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["submission", *problems, "total"])
-        for name, rows in graded:
+        writer.writerow(["submission", *problems, "total", "note"])
+        for name, rows, note in graded:
             points = {r.problem: r.points for r in rows if r.points is not None}
             writer.writerow([name, *(f"{points[p]:.2f}" if p in points else "" for p in problems),
-                             f"{sum(points.values()):.2f}"])
+                             f"{sum(points.values()):.2f}" if points else "", note])

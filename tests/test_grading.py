@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from grading.harness import Limits, grade, grade_folder
+from grading.course import grade_folder
+from grading.harness import Limits, grade
 from grading.problems import POINTS
 from grading.report import shares
 

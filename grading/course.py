@@ -1,0 +1,143 @@
+"""Grading a whole course: every checkout and zip in a folder, here or one job each on a cluster.
+
+Each submission is graded by ``harness.grade``, contained exactly as when graded alone, into
+``OUT/<name>/`` (results.json, grade.md, grade.json). Where the grading runs:
+
+* ``inprocess``: ``jobs`` submissions at once on this machine, from this process;
+* ``local``: the same path as a cluster, through submitit's local executor (one process per job);
+* ``slurm``: one SLURM job per submission through submitit, on ``partition``.
+
+Every result is gathered into ``OUT/grades.csv`` (one row per submission; a submission whose job
+died gets a row whose note says why), ``OUT/summary.md`` and ``OUT/summary.png`` (summary.py).
+A rerun skips submissions whose ``grade.json`` is there, unless ``regrade``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tqdm import tqdm
+
+from grading import report, summary
+from grading.harness import Graded, Limits, grade
+
+EXECUTORS = ("inprocess", "local", "slurm")
+
+
+def submissions(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if (p.is_dir() and not p.name.startswith(".")) or p.suffix == ".zip")
+
+
+def name_of(submission: Path) -> str:
+    return submission.name.removesuffix(".zip")
+
+
+def grade_one(submission: Path, out: Path, repeats: int, edition: str | None, limits: Limits,
+              only: tuple[str, ...] | None, select: str | None) -> Graded:
+    """One submission, as a job runs it (module level: submitit pickles it by name)."""
+    return grade(submission, out, repeats, edition, limits, quiet=True, only=only, select=select)
+
+
+def _already(submission: Path, out: Path) -> Graded | None:
+    folder = out / name_of(submission)
+    try:
+        rows, tests, seconds = report.load_grade(folder)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return Graded(name_of(submission), rows, tests, seconds)
+
+
+def _died(submission: Path, error: BaseException, seconds: float) -> Graded:
+    """A row for a submission whose grading died: the innermost error's line (a submitit job's
+    error carries the job's traceback; its last error line is the cause)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    cause = next((ln for ln in reversed(lines) if "Error:" in ln or "Exception:" in ln), None)
+    cause = cause or f"{type(error).__name__}: {lines[-1] if lines else ''}"
+    return Graded(name_of(submission), [], [], seconds, f"not graded: {cause}"[:300])
+
+
+def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, limits: Limits, jobs: int,
+                 only: tuple[str, ...] | None = None, select: str | None = None, executor: str = "inprocess",
+                 partition: str | None = None, regrade: bool = False, quiet: bool = False) -> list[Graded]:
+    """Grade every checkout and zip in ``folder`` into ``out``; writes grades.csv and the summary."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    found = submissions(folder)
+    done = {} if regrade else {s: g for s in found if (g := _already(s, out)) is not None}
+    todo = [s for s in found if s not in done]
+    args = (repeats, edition, limits, only, select)
+    with tqdm(total=len(todo), desc="grading", unit="submission", disable=quiet or not todo) as bar:
+        if executor == "inprocess":
+            fresh = _in_process(todo, out, args, jobs, bar)
+        else:
+            fresh = _through_submitit(todo, out, args, jobs, bar, executor, partition, limits)
+    graded = [done.get(s) or fresh[s] for s in found]
+    report.write_csv(out / "grades.csv", [(g.name, g.rows, g.note) for g in graded])
+    summary.write(out, graded)
+    if not quiet:
+        for g in graded:
+            if g.note:
+                print(f"{g.name:<40} {g.note}")
+                continue
+            earned = sum(r.points for r in g.rows if r.points is not None)
+            possible = sum(r.possible for r in g.rows if r.points is not None)
+            skipped = " (graded before; REGRADE=1 grades again)" if g in done.values() else ""
+            print(f"{g.name:<40} {earned:6.1f}/{possible}  ({g.seconds:.0f} s){skipped}")
+        print(f"written: {out / 'grades.csv'}, {out / 'summary.md'}, {out / 'summary.png'} and one folder per submission")
+    return graded
+
+
+def _in_process(todo: list[Path], out: Path, args: tuple, jobs: int, bar: tqdm) -> dict[Path, Graded]:
+    results: dict[Path, Graded] = {}
+
+    def one(submission: Path) -> None:
+        start = time.monotonic()
+        try:
+            results[submission] = grade_one(submission, out / name_of(submission), *args)
+        except Exception as e:  # noqa: BLE001 - a row that says why, not a lost folder
+            results[submission] = _died(submission, e, time.monotonic() - start)
+        bar.update()
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, todo))
+    return results
+
+
+def _through_submitit(todo: list[Path], out: Path, args: tuple, jobs: int, bar: tqdm, executor: str,
+                      partition: str | None, limits: Limits) -> dict[Path, Graded]:
+    """One submitit job per submission, at most ``jobs`` running at once (SLURM: an array)."""
+    import submitit
+
+    logs = out / "jobs"
+    shutil.rmtree(logs, ignore_errors=True)
+    ex = submitit.AutoExecutor(folder=logs, cluster=executor)
+    params = {"timeout_min": int(limits.submission_timeout_s // 60) + 10, "name": "grade"}
+    if executor == "slurm":
+        params.update(slurm_partition=partition, slurm_array_parallelism=max(1, jobs), cpus_per_task=2,
+                      mem_gb=int(limits.memory_gb) + 8)
+    ex.update_parameters(**params)
+    results: dict[Path, Graded] = {}
+    waiting, running = list(todo), []
+    started = dict.fromkeys(todo, time.monotonic())
+    if executor == "slurm":  # one array; SLURM keeps at most `jobs` of its tasks running
+        with ex.batch():
+            running = [(s, ex.submit(grade_one, s, out / name_of(s), *args)) for s in waiting]
+        waiting = []
+    while waiting or running:
+        while waiting and len(running) < max(1, jobs):
+            submission = waiting.pop(0)
+            started[submission] = time.monotonic()
+            running.append((submission, ex.submit(grade_one, submission, out / name_of(submission), *args)))
+        for submission, job in [r for r in running if r[1].done()]:
+            running.remove((submission, job))
+            try:
+                results[submission] = job.result()
+            except Exception as e:  # noqa: BLE001 - the job died: its row says why
+                results[submission] = _died(submission, e, time.monotonic() - started[submission])
+            bar.update()
+        time.sleep(0.5)
+    return results
