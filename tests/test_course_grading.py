@@ -113,3 +113,29 @@ def test_a_rerun_skips_what_was_graded_unless_regrade(tmp_path):
     assert record.stat().st_mtime_ns == stamp and again[0].rows == first[0].rows
     grade_folder(folder, tmp_path / "out", regrade=True, **common)
     assert record.stat().st_mtime_ns != stamp
+
+
+def test_slurm_submits_one_array_on_the_partition(tmp_path, monkeypatch):
+    """The SLURM path, on submitit's local executor: one job array (at most JOBS running) on the
+    partition asked for, every result gathered."""
+    import submitit
+
+    asked: dict = {}
+
+    class Recording(submitit.LocalExecutor):
+        def __init__(self, folder, cluster=None):
+            asked["cluster"] = cluster
+            super().__init__(folder)
+
+        def update_parameters(self, **params):
+            asked.update(params)
+            super().update_parameters(**{k: v for k, v in params.items() if not k.startswith(("slurm_", "mem_", "cpus_"))})
+
+    monkeypatch.setattr(submitit, "AutoExecutor", Recording)
+    folder = tmp_path / "inbox"
+    folder.mkdir()
+    make_submission(folder, stub=True)
+    graded = grade_folder(folder, tmp_path / "out", 1, "2025", QUICK, 3, (ZERO,), "test_sgd_with_momentum",
+                          executor="slurm", partition="cpu", quiet=True)
+    assert asked["cluster"] == "slurm" and asked["slurm_partition"] == "cpu" and asked["slurm_array_parallelism"] == 3
+    assert [(g.name, g.rows[0].points) for g in graded] == [("stub", 0.0)]
