@@ -2,14 +2,22 @@
 
 It never imports this repository's ``cs336_systems``: a submission brings its own.
 
-* problems.py    the handout's problems, points, and which the suite grades per edition
-* submission.py  finding a submission's adapters, its edition, loading an adapter in a rank
-* ranks.py       running one test's ranks with a deadline; failures as one line
-* probes.py      collectives logged (and whether backward was running), bytes an object holds
-* cases.py       the rank functions: training through the adapters beside single-process training
-* suite/         the hidden-style tests, one file per problem
-* plugin.py      pytest plugin: repeats, per-test results as JSON, the grade table
-* report.py      results.json (Gradescope's schema), grade.md, grades.csv
+* problems.toml  the handout's problems, points and editions (also read by cs336_systems/problems.py)
+* problems.py    those, and which problems the suite grades per edition
+* submission.py  finding a submission's adapters, packages and edition; loading an adapter in a rank
+* ranks.py       one test's ranks: forked, confined, the submission last on their path, a deadline
+* wire.py        what ranks send back: JSON and raw tensor bytes, never a pickle
+* models.py      the suite's models, built in a rank and, as the reference, in the grader
+* training.py    what a rank does: train through the adapters and report (rank side)
+* checks.py      what the grader does: data, reference training, comparisons (never imports the submission)
+* probes.py      collectives logged (and whether backward was running), tensors an object holds
+* suite/         the hidden-style tests, one file per problem, each naming the handout's requirement
+* plugin.py      pytest plugin: repeats, each outcome to the harness over a pipe
+* report.py      scoring (also make test's), results.json (Gradescope's schema), grade.md, grades.csv
+* sandbox.py     the first process of a run: not dumpable, namespaces, read-only file systems
 * harness.py     grading a checkout or zip: scratch copy, sandbox, limits, clean-up
+* course.py      a folder of submissions, here or one job each through submitit; reruns
+* summary.py     a folder's summary.md and summary.png
+* autograder.py  ``make autograder``: the Gradescope package
 * __main__.py    ``python -m grading`` (``make grade``)
 """
