@@ -36,7 +36,7 @@ def encode(value: object) -> bytes:
             dtype = str(t.dtype).removeprefix("torch.")
             if dtype not in DTYPES:
                 t, dtype = t.float(), "float32"
-            data = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+            data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
             blobs.append(data)
             return {_TENSOR: dtype, "shape": list(t.shape), "bytes": len(data)}
         if isinstance(v, dict):

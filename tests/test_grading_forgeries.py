@@ -132,3 +132,21 @@ def test_ranks_write_no_file_of_the_grader_or_this_repository(tmp_path):
     assert points(graded, ZERO) == 0
     assert all("tamper: wrote nothing" in line for line in failures(graded, ZERO)), failures(graded, ZERO)
     assert (tmp_path / "canary.txt").read_text() == ""
+
+
+def test_reports_are_data_never_code():
+    """What a rank sends decodes to plain values and fresh tensors, or is refused whole."""
+    import pickle
+
+    import torch
+
+    from grading import wire
+
+    sent = {"scalar": torch.tensor(1.5), "view": torch.randn(3, 2).t(), "half": torch.ones(2, dtype=torch.bfloat16),
+            "plain": [1, "x", None, True], "empty": torch.empty(0, 3)}
+    got = wire.decode(wire.encode(sent))
+    assert got["plain"] == sent["plain"] and all(torch.equal(got[k], sent[k]) for k in ("scalar", "view", "half", "empty"))
+    whole = wire.encode(sent)
+    for forged in (b"", whole[:-3], whole + b"x", pickle.dumps(sent), b"\x05" + b"\x00" * 7 + b"{}"):
+        with pytest.raises(wire.WireError):
+            wire.decode(forged)
