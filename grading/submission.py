@@ -55,7 +55,8 @@ def python_roots(root: Path) -> list[Path]:
             if place.is_dir() and (real == inside or inside in real.parents) and place not in found \
                     and (place == root or _has_packages(place)):
                 found.append(place)
-                break
+                if place != root / "src":  # the root itself always counts: its tests/adapters.py
+                    break
     return found
 
 

@@ -301,9 +301,12 @@ def test_submission_never_imports_this_repository(tmp_path):
 
 
 def test_packages_are_found_where_the_projects_pyproject_says(tmp_path):
-    """cs336_basics kept in a folder that pyproject.toml's [tool.uv.sources] names, as uv finds it."""
+    """cs336_basics kept in a folder that pyproject.toml's [tool.uv.sources] names, as uv finds it,
+    and cs336_systems in a src/ layout beside the root's tests/adapters.py."""
     tree = make_submission(tmp_path)
     (tree / "cs336-basics").rename(tree / "basics_mine")
+    (tree / "src").mkdir()
+    (tree / "cs336_systems").rename(tree / "src" / "cs336_systems")
     (tree / "pyproject.toml").write_text('[project]\nname = "x"\n[tool.uv.sources]\n'
                                          'cs336-basics = { path = "./basics_mine", editable = true }\n')
     graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(FSDP,), select="test_adamw")
