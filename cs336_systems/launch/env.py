@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from cs336_systems.launch.context import DEFAULT_TIMEOUT_S, RankContext, check_devices, select_device
 # Imported before any process group exists (lifetime.py says why).
-from cs336_systems.launch.lifetime import unpin_destroyed_groups
+from cs336_systems.launch.lifetime import unpin_default_group
 
 _RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -95,7 +95,7 @@ def teardown(clean: bool = True) -> None:
         # Free the group now, and join its gloo workers, rather than during interpreter
         # finalization (lifetime.py): unpin it, and collect a user's model that holds it in a
         # reference cycle.
-        unpin_destroyed_groups()
+        unpin_default_group()
         gc.collect()
 
 

@@ -23,8 +23,9 @@ such a rank shows the chain:
 Importing this module first (``cs336_systems.launch``, the adapters and ``tests/common.py`` do)
 imports ``torch.distributed.nn`` before any process group exists, so its defaults are ``None``;
 then ``destroy_process_group()`` frees the group as soon as no wrapper holds it, and its
-workers are joined (with the GIL released) while Python is fully alive; ``teardown()`` also
-unpins a group captured by a late import (:func:`unpin_destroyed_groups`). The wrappers' own
+workers are joined (with the GIL released) while Python is fully alive. Imported too late, it
+unpins the group instead, as ``teardown()`` does after destroying it (:func:`unpin_default_group`),
+for a process where something imported torch's module between the two. The wrappers' own
 ``release()`` drops what they hold of a group. :func:`exit_rank` is the last guard of the ranks
 this repository spawns itself: their results are written and closed by then, so they skip
 interpreter finalization, whatever a user's function left behind.
@@ -44,21 +45,24 @@ import torch.distributed.nn  # noqa: F401  (before any process group: see step 2
 GLOO_WORKER_THREAD = "pt_gloo_runloop"
 
 
-def unpin_destroyed_groups() -> None:
-    """After ``destroy_process_group()``: drop the groups ``torch.distributed.nn.functional``
-    captured as default arguments when it was imported after ``init_process_group``.
+def unpin_default_group() -> None:
+    """Make ``torch.distributed.nn.functional``'s ``group`` defaults ``None`` again where its
+    import, after ``init_process_group``, captured the default group in them.
 
-    ``None`` is what those defaults mean (the default group at call time), and there is none
-    now, so nothing changes but that the destroyed group can be freed. Importing this module
-    first makes it unnecessary; it covers a process that imported torch's module too late.
+    ``None`` means the default group at call time, which is what the captured one was meant to
+    be, so calls behave the same; the difference is that a destroyed group can be freed.
+    Run at this module's import, and by ``teardown()`` after destroying the group.
     """
     functional = sys.modules.get("torch.distributed.nn.functional")
     if functional is None:
         return
     for fn in vars(functional).values():
-        defaults = getattr(fn, "__defaults__", None) if isinstance(fn, types.FunctionType) else None
+        defaults = fn.__defaults__ if isinstance(fn, types.FunctionType) else None
         if defaults and any(isinstance(d, dist.ProcessGroup) for d in defaults):
             fn.__defaults__ = tuple(None if isinstance(d, dist.ProcessGroup) else d for d in defaults)
+
+
+unpin_default_group()  # in case this module itself was imported after init_process_group
 
 
 def gloo_workers_alive() -> int:
