@@ -10,6 +10,10 @@ from typing import Any, Iterable
 
 import torch
 
+# Imported before the public tests' ranks call init_process_group: it keeps torch from pinning
+# the default group until interpreter exit, where gloo's workers could abort a finished rank
+# (cs336_systems/launch/lifetime.py).
+import cs336_systems.launch.lifetime  # noqa: F401
 from cs336_systems.ddp import VARIANTS
 from cs336_systems.fsdp import FullyShardedDataParallel
 from cs336_systems.zero import ShardedOptimizer

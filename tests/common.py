@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from cs336_systems.launch import teardown  # imported before any group exists (launch/lifetime.py)
+
 FIXTURES_PATH = pathlib.Path(__file__).resolve().parent / "fixtures"
 
 
@@ -93,5 +95,5 @@ def _setup_process_group(rank: int, world_size: int, backend: str) -> str:
 
 
 def _cleanup_process_group() -> None:
-    dist.barrier()
-    dist.destroy_process_group()
+    """Wait for every rank, destroy the group and free it (its gloo workers joined)."""
+    teardown()

@@ -135,6 +135,7 @@ class DataParallel(nn.Module):
         broadcast_coalesced(list(module.parameters()) + list(module.buffers()), src=self._src, group=process_group)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._check_not_released()
         self._before_forward()
         if self.broadcast_buffers and self._buffers_stale:
             self._broadcast_buffers()
@@ -151,6 +152,34 @@ class DataParallel(nn.Module):
 
     def detach(self) -> None:
         """Stop acting on the module's backward passes (other wrappers may take over)."""
+
+    def release(self) -> None:
+        """Let go of everything this wrapper holds for communication; call it before
+        ``destroy_process_group()``, after the last step.
+
+        Waits for any collective still in flight, then drops its work handles, the gradient
+        buffers, the hooks on the module's parameters and the process group, so that
+        destroying the group frees it and joins gloo's worker threads while Python is fully
+        alive (cs336_systems/launch/lifetime.py says why that matters at exit). The module
+        (``.module``) keeps its parameters and gradients; the wrapper cannot train afterwards.
+        Calling it again does nothing.
+        """
+        if self.comm is None:
+            return
+        self._release_comm()
+        self.detach()
+        self.comm = None
+        self.process_group = None
+
+    def _release_comm(self) -> None:
+        """Wait for and drop the variant's in-flight work and its buffers (subclasses)."""
+
+    def _check_not_released(self) -> None:
+        if self.comm is None:
+            raise RuntimeError(
+                f"this {type(self).__name__} was released (release()) and cannot synchronise "
+                "gradients any more: wrap the module again to keep training"
+            )
 
     def _before_forward(self) -> None:
         """Hook for subclasses that must check or reset per-step state."""

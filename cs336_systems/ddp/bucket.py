@@ -198,6 +198,7 @@ class GradBucket:
     def wait(self) -> None:
         if self.work is not None:
             self.work.wait()
+            self.work = None
 
     def missing_usage(self) -> list[torch.Tensor]:
         """The reduced flags of the gradients missing here (device scalars; read after wait)."""

@@ -23,9 +23,15 @@ class FlatDDP(DataParallel):
         self._buckets = [GradBucket(g) for g in group_by_dtype_and_device(self.synced_params)]
 
     def finish_gradient_synchronization(self) -> None:
+        self._check_not_released()
         if not self._sync_this_backward:
             return
         for bucket in self._buckets:
             bucket.launch(self.comm)
         write_reduced_grads(self._buckets, self.world_size)
         self.allreduce_calls_last_step = len(self._buckets)
+
+    def _release_comm(self) -> None:
+        for bucket in self._buckets:
+            bucket.wait()
+        self._buckets = []

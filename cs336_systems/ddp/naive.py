@@ -19,6 +19,7 @@ class NaiveDDP(DataParallel):
         self._usage = UsageCount(self.synced_params)
 
     def finish_gradient_synchronization(self) -> None:
+        self._check_not_released()
         if not self._sync_this_backward:
             return
         # One small collective first, so that a parameter no rank used is skipped on every
@@ -37,3 +38,6 @@ class NaiveDDP(DataParallel):
             calls += 1
         self._usage.wait()
         self.allreduce_calls_last_step = calls
+
+    def _release_comm(self) -> None:
+        self._usage.wait()

@@ -125,7 +125,15 @@ class OverlappedDataParallel(DataParallel):
         self._expect_hooks = False
 
     def on_train_batch_start(self) -> None:
+        self._check_not_released()
         self._before_forward()
+
+    def _release_comm(self) -> None:
+        for unit in self._units[: self._cursor]:  # launched in a step that was never finished
+            unit.wait()
+        self._units, self._unit_of = [], {}
+        self._cursor = 0
+        self._ready_order, self._ready_ids = [], set()
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         if not (self._expect_hooks and self._sync_this_backward):
@@ -146,6 +154,7 @@ class OverlappedDataParallel(DataParallel):
             self._cursor += 1
 
     def finish_gradient_synchronization(self) -> None:
+        self._check_not_released()
         if not self._sync_this_backward:
             return
         for unit in self._units[self._cursor :]:

@@ -42,6 +42,7 @@ class ParameterUnit:
     def wait(self) -> None:
         if self.work is not None:
             self.work.wait()
+            self.work = None
 
     def missing_usage(self) -> list[torch.Tensor]:
         return [] if self.stand_in is None else [self.usage.counts[self.index]]

@@ -216,6 +216,14 @@ class Schedule:
             self.free(weight)
         self.grad_pending = False
 
+    def release(self) -> None:
+        """Wait for and drop every collective still in flight; free every gathered weight."""
+        while self._in_flight:
+            work, _ = self._in_flight.popleft()
+            work.wait()
+        for weight in self.weights:
+            self.free(weight)  # waits for a gather still writing it
+
     def _all_reduce_replicated(self) -> None:
         """One all-reduce of every replicated gradient, flattened (they are small: gains, biases).
 

@@ -194,6 +194,17 @@ class FullyShardedDataParallel(nn.Module):
         """Wait for every gradient reduction of this step; shards and replicas get their .grad."""
         self._schedule.finish()
 
+    def release(self) -> None:
+        """Let go of this wrapper's communication state before ``destroy_process_group()``.
+
+        Waits for every reduction and all-gather still in flight and drops their work handles
+        and gathered buffers, so that none is left for gloo's worker threads to destroy during
+        interpreter exit (cs336_systems/launch/lifetime.py). It holds no process group of its
+        own. Shards, their gradients and the optimizer are untouched; a later forward gathers
+        again.
+        """
+        self._schedule.release()
+
     @torch.no_grad()
     def gather_full_params(self) -> dict[str, torch.Tensor]:
         """Every parameter's full value by its name in the module (a collective: all ranks call).

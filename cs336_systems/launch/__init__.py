@@ -4,6 +4,7 @@
 * env.py      joining a process group from torchrun-style variables, and leaving it
 * spawn.py    launch(): spawn ranks here; run_ranks(): spawn, or be one rank of a launcher
 * signals.py  SIGTERM/SIGINT stop every rank; ranks die with their launcher
+* lifetime.py why finished gloo ranks aborted at exit; a group freed at teardown; exit_rank()
 * slurm.py    running a script as the ranks of a SLURM job (submitit)
 """
 
@@ -24,5 +25,6 @@ from cs336_systems.launch.env import (
     running_under_launcher,
     teardown,
 )
+from cs336_systems.launch.lifetime import exit_rank, gloo_workers_alive
 from cs336_systems.launch.signals import Interrupted
 from cs336_systems.launch.spawn import RankFailedError, launch, run_ranks

@@ -8,6 +8,7 @@ the run with an error instead of leaving the others waiting forever.
 
 from __future__ import annotations
 
+import gc
 import os
 from datetime import timedelta
 from typing import Any, Callable, Sequence
@@ -15,6 +16,8 @@ from typing import Any, Callable, Sequence
 import torch.distributed as dist
 
 from cs336_systems.launch.context import DEFAULT_TIMEOUT_S, RankContext, check_devices, select_device
+# Imported before any process group exists (lifetime.py says why).
+from cs336_systems.launch.lifetime import unpin_default_group
 
 _RENDEZVOUS_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -89,6 +92,11 @@ def teardown(clean: bool = True) -> None:
             dist.barrier()
     finally:
         dist.destroy_process_group()
+        # Free the group now, and join its gloo workers, rather than during interpreter
+        # finalization (lifetime.py): unpin it, and collect a user's model that holds it in a
+        # reference cycle.
+        unpin_default_group()
+        gc.collect()
 
 
 def run_then_teardown(

@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 
 from cs336_systems.launch.context import DEFAULT_TIMEOUT_S, check_devices, find_free_port
 from cs336_systems.launch.env import init_from_env, run_then_teardown, running_under_launcher
+from cs336_systems.launch.lifetime import exit_rank
 from cs336_systems.launch.signals import Interrupted, become_rank_process, raising_on_signals
 
 # How long terminated ranks get to exit before they are killed.
@@ -59,24 +60,31 @@ def _rank_main(
     if sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
+    report_path = Path(result_dir) / f"rank{local_index}.err"
+
     def record_failure() -> None:
         # Record when and why this rank failed, before its peers see it go: they fail soon
         # after with "connection reset", and the launcher reports the earliest failure.
-        report = f"{time.time():.6f}\n" + traceback.format_exc()
-        (Path(result_dir) / f"rank{local_index}.err").write_text(report)
+        if not report_path.exists():
+            report_path.write_text(f"{time.time():.6f}\n" + traceback.format_exc())
 
+    # The launcher reads this rank's outcome from its files (a result, or a failure report), so
+    # the rank ends with os._exit once they are closed: interpreter finalization could still
+    # abort a finished rank on whatever a user's function left to the collective threads
+    # (lifetime.py), and would turn a success into SIGABRT.
     try:
         ctx = init_from_env(backend=backend, device_type=device_type, timeout_s=timeout_s)
+        result = run_then_teardown(fn, ctx, args, on_error=record_failure)
+        with open(Path(result_dir) / f"rank{ctx.rank}.pkl", "wb") as f:
+            pickle.dump(result, f)
     except BaseException:
         record_failure()
-        raise
-    result = run_then_teardown(fn, ctx, args, on_error=record_failure)
-    with open(Path(result_dir) / f"rank{ctx.rank}.pkl", "wb") as f:
-        pickle.dump(result, f)
+        exit_rank(1)
+    exit_rank(0)
 
 
-def _is_port_clash(error: BaseException) -> bool:
-    text = str(error).lower()
+def _is_port_clash(report: str) -> bool:
+    text = report.lower()
     return "address already in use" in text or "eaddrinuse" in text
 
 
@@ -109,11 +117,14 @@ def launch(
             rank_args = (world_size, port, fn, tuple(args), backend, device_type, timeout_s, result_dir, os.getpid())
             try:
                 _spawn_and_join(rank_args, world_size, deadline_s)
-            except mp.ProcessRaisedException as e:
+            except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+                # A rank reports its failure in its .err file and exits with status 1; one
+                # killed by a signal leaves none, and the exception names the signal.
+                report = _first_failure(Path(result_dir), e)
                 # Another process may take the port between find_free_port() and the bind.
-                if _is_port_clash(e) and attempt + 1 < port_attempts:
+                if _is_port_clash(report) and attempt + 1 < port_attempts:
                     continue
-                raise RankFailedError(_first_failure(Path(result_dir), e)) from e
+                raise RankFailedError(report) from e
             results = []
             for rank in range(world_size):
                 with open(Path(result_dir) / f"rank{rank}.pkl", "rb") as f:
@@ -122,7 +133,7 @@ def launch(
     raise AssertionError("unreachable")
 
 
-def _first_failure(result_dir: Path, error: mp.ProcessRaisedException) -> str:
+def _first_failure(result_dir: Path, error: Exception) -> str:
     reports = []
     for path in result_dir.glob("rank*.err"):
         stamp, _, text = path.read_text().partition("\n")

@@ -146,6 +146,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
             calls += broadcast_coalesced(owned, src=owner, chunk_bytes=self.bucket_cap_bytes)
         return calls
 
+    def release(self) -> None:
+        """Before ``destroy_process_group()``: nothing to let go of, by design.
+
+        Every broadcast of :meth:`step` is synchronous and its flat buffer dropped before the
+        next is packed (``broadcast_coalesced``), and no process group is kept, so between
+        steps this optimizer holds no work, future or communication buffer (the reason to
+        release one: cs336_systems/launch/lifetime.py). The method exists so that code can
+        release every wrapper and optimizer alike.
+        """
+
     # Checkpoints (formats in checkpoint.py) ---------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
