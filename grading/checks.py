@@ -169,19 +169,9 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> tuple[list[dict], int]:
         return F.cross_entropy(model(batch["ids"]).flatten(0, 1), batch["labels"].flatten())
 
     expected = _train(reference, optimizer, batches, cross_entropy)[1:]
-    gathered = [{"params": [_by_model_names(p, expected[0]) for p in r["params"]]} for r in reports]
+    gathered = [{"params": [training.by_model_names(p, expected[0]) for p in r["params"]]} for r in reports]
     compare(gathered, expected, _labels(case.steps, "")[1:])
     return reports, sum(p.numel() * p.element_size() for p in reference.parameters())
-
-
-def _by_model_names(gathered: dict[str, torch.Tensor], names: dict) -> dict[str, torch.Tensor]:
-    """fsdp_gather_full_params' dict under the model's own names (a wrapper may add a prefix)."""
-    out = {}
-    for name in names:
-        match = [k for k in gathered if k == name or k.endswith("." + name)]
-        if match:
-            out[name] = gathered[min(match, key=len)]
-    return out
 
 
 def assert_sharded(reports: list[dict], key: str, full_bytes: int, what: str) -> None:

@@ -29,9 +29,13 @@ def parameters_of(model: nn.Module, wrapper: nn.Module) -> dict[str, torch.Tenso
     wrapped = {id(p) for p in wrapper.parameters()}
     if all(id(p) in wrapped for p in mine.values() if p.requires_grad):
         return mine
-    named = dict(wrapper.named_parameters())
+    return by_model_names(dict(wrapper.named_parameters()), mine)
+
+
+def by_model_names(named: dict[str, torch.Tensor], names) -> dict[str, torch.Tensor]:
+    """``named`` under the model's own ``names``: a wrapper may add a prefix (``module.up.weight``)."""
     out = {}
-    for name in mine:
+    for name in names:
         match = [k for k in named if k == name or k.endswith("." + name)]
         if match:
             out[name] = named[min(match, key=len)]
