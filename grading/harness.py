@@ -215,7 +215,8 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
         report.write_outputs(out, name, header, tests, rows, seconds, missing)
         if not quiet:
             print(f"{name}: {header}")
-            print("\n".join(missing))
+            for line in missing:
+                print(line)
             print("\n".join(report.table_lines(rows)))
             print(f"written: {out / 'results.json'}, {out / 'grade.md'}")
         return Graded(name, rows, tests, seconds)

@@ -51,9 +51,14 @@ def write(out: Path, graded: list[Graded]) -> None:
         if reasons:
             lines += ["", f"## {problem}: most common reasons for lost points", "",
                       "| submissions | reason (one example) |", "|---:|---|"]
-            lines += [f"| {n} | {example[key][:300].replace('|', '/')} |" for key, n in reasons.most_common(MOST_COMMON)]
+            lines += [f"| {n} | {_cell(example[key])} |" for key, n in reasons.most_common(MOST_COMMON)]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     _figure(out / "summary.png", scores, {r.problem: r.possible for g in graded for r in g.rows})
+
+
+def _cell(text: str) -> str:
+    """A table cell: at most 300 characters, its pipes escaped."""
+    return text[:300].replace("|", "\\|")
 
 
 def _figure(path: Path, scores: dict[str, list[float]], possible: dict[str, int]) -> None:
