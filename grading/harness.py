@@ -74,13 +74,15 @@ def grader_commit() -> str:
     stamped = GRADER_DIR / "COMMIT"
     if stamped.is_file():
         return stamped.read_text().strip()
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(GRADER_DIR.parent), *args], capture_output=True, text=True,
+                              timeout=10)
+
     try:
-        run = lambda *a: subprocess.run(["git", "-C", str(GRADER_DIR.parent), *a], capture_output=True,  # noqa: E731
-                                        text=True, timeout=10)
-        head = run("rev-parse", "--short=12", "HEAD")
+        head = git("rev-parse", "--short=12", "HEAD")
         if head.returncode:
             return "unknown (not a git checkout)"
-        changed = run("status", "--porcelain", "--", str(GRADER_DIR)).stdout.strip()
+        changed = git("status", "--porcelain", "--", str(GRADER_DIR)).stdout.strip()
         return head.stdout.strip() + ("+changes" if changed else "")
     except (OSError, subprocess.TimeoutExpired):
         return "unknown (no git)"

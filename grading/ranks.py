@@ -33,6 +33,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from grading import wire
+from grading.sandbox import not_dumpable
 
 # Set by the harness; a test run by hand gets the defaults.
 TEST_TIMEOUT_S = float(os.environ.get("GRADING_TEST_TIMEOUT", "60"))
@@ -102,9 +103,9 @@ def confine() -> None:
     not even through exec (no new privileges, root not special, no ambient set)."""
     if not sys.platform.startswith("linux"):
         return
+    not_dumpable()  # its peers cannot open its report pipe through /proc either
     libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_dumpable, pr_set_no_new_privs, pr_capbset_drop, pr_set_securebits, pr_cap_ambient = 4, 38, 24, 28, 47
-    libc.prctl(pr_set_dumpable, 0, 0, 0, 0)  # its peers cannot open its report pipe through /proc either
+    pr_set_no_new_privs, pr_capbset_drop, pr_set_securebits, pr_cap_ambient = 38, 24, 28, 47
     libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)
     libc.prctl(pr_cap_ambient, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
     for cap in range(64):
