@@ -23,6 +23,7 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from cs336_basics.model import Embedding, Linear
+from cs336_systems.fsdp.checkpoint import install_state_dict_hooks
 from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
 from cs336_systems.fsdp.schedule import Schedule
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
@@ -119,6 +120,7 @@ class FullyShardedDataParallel(nn.Module):
                 lambda m, args, out, w=weight: self._schedule.post_forward(m, w), always_call=True
             )
         self.sharded_weights = list(weights.values())
+        install_state_dict_hooks(module, self.sharded_weights)  # torch's DCP helpers: checkpoint.py
         shards = {id(w.shard) for w in self.sharded_weights}
         replicated = [p for p in module.parameters() if id(p) not in shards]
         self._schedule = Schedule(self.sharded_weights, replicated, self.world_size, group=None,

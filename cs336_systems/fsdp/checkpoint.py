@@ -1,0 +1,185 @@
+"""Checkpoints of our FSDP with torch's own tools: ``torch.distributed.checkpoint`` (DCP) and its
+``state_dict`` helpers (``get_model_state_dict``, ``set_optimizer_state_dict``, ...).
+
+Usage (every rank; ``model`` is ``fsdp.module``, the wrapped model whose parameters are the
+shards, as ``fully_shard``'s model is its own FSDP module)::
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
+    dcp.save(state, checkpoint_id=path)                  # sharded: each rank writes its rows
+    dcp.load(state, checkpoint_id=path)                  # at any world size
+    set_model_state_dict(model, state["model"]); set_optimizer_state_dict(model, opt, state["optim"])
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # rank 0: plain_model.load_state_dict(full)
+
+How. torch's helpers gather and distribute DTensors and pass every other tensor through, so a
+shard must appear as a DTensor of the weight's own shape. Ours is a slice of the flattened,
+padded weight (sharded_weight.py), which no DTensor placement describes: a ``Shard(0)`` DTensor
+holds whole rows, ``torch.chunk``'s split. So ``state_dict()`` all-gathers each weight (one at a
+time; the full weight lives only while its rows are copied out) and yields this rank's rows as a
+``Shard(0)`` DTensor on the FSDP group's mesh, which is the layout ``fully_shard`` uses; loading
+takes a DTensor (gathered whole) or a whole tensor and cuts this rank's flat slice from it. The
+same holds for the optimizer's shard-sized state (AdamW's moments). Consequences: a model's and
+an optimizer's ``state_dict()`` are collectives, called by every rank in the same order (as FSDP's
+sharded state dicts are in torch), and a checkpoint saved by ours loads into ``fully_shard`` and
+the other way round. Replicated parameters stay plain tensors, equal on every rank; DCP writes
+one copy.
+
+Model hooks are installed by the wrapper; an optimizer's get theirs on its first ``step()``
+(a global pre-step hook), which torch's ``get/set_optimizer_state_dict`` make themselves when the
+optimizer has no state yet, or at once with :func:`enable_optimizer_checkpoints`.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from cs336_systems.fsdp.sharded_weight import ShardedWeight
+
+# id(shard Parameter) -> its ShardedWeight, for every live wrapper (an optimizer finds its
+# shards here). Weak values: an entry goes when its ShardedWeight does.
+_owners: weakref.WeakValueDictionary[int, ShardedWeight] = weakref.WeakValueDictionary()
+_optimizers_seen: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+_step_hook: torch.utils.hooks.RemovableHandle | None = None
+
+
+def _mesh(weight: ShardedWeight, device: torch.device) -> DeviceMesh:
+    """The 1-D mesh of the ranks that share this weight (the FSDP group), on ``device``'s type."""
+    return DeviceMesh.from_group(weight.group or dist.group.WORLD, device.type)
+
+
+def to_dtensor(weight: ShardedWeight, flat: torch.Tensor) -> DTensor:
+    """A shard-shaped tensor (the shard itself, or optimizer state beside it) as this rank's rows
+    of the whole weight-shaped tensor: a ``Shard(0)`` DTensor. A collective over the FSDP group.
+    """
+    layout = weight.layout
+    padded = flat.new_empty(layout.padded_numel)
+    dist.all_gather_into_tensor(padded, flat.detach().contiguous(), group=weight.group)
+    full = layout.unflatten(padded)
+    # No communication (src_data_rank=None): every rank holds `full` and keeps its own chunk.
+    rows = distribute_tensor(full, _mesh(weight, flat.device), [Shard(0)], src_data_rank=None)
+    # Copied out, so that the gathered buffer is freed now rather than kept by a view.
+    return DTensor.from_local(
+        rows.to_local().clone(), rows.device_mesh, rows.placements, run_check=False,
+        shape=rows.shape, stride=rows.stride(),
+    )
+
+
+def to_flat_shard(weight: ShardedWeight, value: Any, key: str) -> torch.Tensor:
+    """This rank's flat slice of a checkpointed weight-shaped value: a DTensor of any placement
+    (gathered whole: a collective over its mesh) or a whole tensor."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{key}: expected a tensor for an FSDP-sharded weight, got {type(value).__name__}")
+    full = value.full_tensor() if isinstance(value, DTensor) else value
+    if full.shape != weight.layout.shape:
+        raise ValueError(
+            f"{key}: the checkpoint holds shape {tuple(full.shape)}, the FSDP-sharded weight is "
+            f"{tuple(weight.layout.shape)}; load the whole weight or a DTensor of it (what "
+            "get_model_state_dict/get_optimizer_state_dict return), not a rank's flat shard"
+        )
+    return weight.layout.shard_of(full.detach().to(weight.shard.device))
+
+
+# -- the model: state_dict() yields DTensors, load_state_dict() takes DTensors or whole weights --
+
+def _save_rows(weight: ShardedWeight, module: nn.Module, state_dict: dict, prefix: str, metadata) -> None:
+    key = f"{prefix}weight"
+    if key in state_dict:
+        state_dict[key] = to_dtensor(weight, state_dict[key])
+
+
+def _load_rows(weight: ShardedWeight, module: nn.Module, state_dict: dict, prefix: str, *rest) -> None:
+    key = f"{prefix}weight"
+    if key in state_dict:
+        state_dict[key] = to_flat_shard(weight, state_dict[key], key)
+
+
+def install_state_dict_hooks(module: nn.Module, sharded_weights: list[ShardedWeight]) -> None:
+    """Hook every layer holding one of ``sharded_weights`` (tied ones on each of their layers),
+    and make optimizers over them hook themselves on their first step."""
+    global _step_hook
+    by_shard = {id(w.shard): w for w in sharded_weights}
+    for layer in module.modules():
+        weight = by_shard.get(id(layer._parameters.get("weight")))
+        if weight is None:
+            continue
+        # partial, not a bound method: register_state_dict_post_hook marks its hook object.
+        layer.register_state_dict_post_hook(functools.partial(_save_rows, weight))
+        layer.register_load_state_dict_pre_hook(functools.partial(_load_rows, weight))
+    _owners.update(by_shard)
+    if _step_hook is None:
+        _step_hook = register_optimizer_step_pre_hook(_on_optimizer_step)
+
+
+# -- the optimizer: shard-sized state as DTensors, keyed as torch's helpers key it -------------
+
+def _params_by_key(optimizer: torch.optim.Optimizer, state_dict: dict) -> list[tuple[Any, nn.Parameter]]:
+    """(key in ``state_dict``, parameter) pairs: a state dict's groups list its parameters' keys
+    (indices, or FQNs from torch's helpers) in the optimizer's own order."""
+    keys = [k for group in state_dict["param_groups"] for k in group["params"]]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if len(keys) != len(params):
+        raise ValueError(
+            f"optimizer state dict lists {len(keys)} parameters, the optimizer has {len(params)}"
+        )
+    return list(zip(keys, params))
+
+
+def _is_shard_state(weight: ShardedWeight, value: Any) -> bool:
+    return type(value) is torch.Tensor and value.shape == weight.shard.shape
+
+
+def _is_weight_state(weight: ShardedWeight, value: Any) -> bool:
+    return isinstance(value, DTensor) or (
+        isinstance(value, torch.Tensor) and value.shape == weight.layout.shape
+    )
+
+
+def _optimizer_state_to_rows(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
+    """State-dict post-hook: each shard-sized state tensor becomes the weight's rows (DTensor)."""
+    state = dict(state_dict["state"])  # new per-parameter dicts: the optimizer's own stay as they are
+    for key, param in _params_by_key(optimizer, state_dict):
+        weight = _owners.get(id(param))
+        if weight is not None and key in state:
+            state[key] = {
+                name: to_dtensor(weight, v) if _is_shard_state(weight, v) else v
+                for name, v in state[key].items()
+            }
+    return {**state_dict, "state": state}
+
+
+def _optimizer_state_to_shards(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
+    """Load pre-hook: DTensor or whole weight-shaped state becomes this rank's flat slice."""
+    state = dict(state_dict["state"])
+    for key, param in _params_by_key(optimizer, state_dict):
+        weight = _owners.get(id(param))
+        if weight is not None and key in state:
+            state[key] = {
+                name: to_flat_shard(weight, v, f"optimizer state {name} of {key}")
+                if _is_weight_state(weight, v) else v
+                for name, v in state[key].items()
+            }
+    return {**state_dict, "state": state}
+
+
+def enable_optimizer_checkpoints(optimizer: torch.optim.Optimizer) -> None:
+    """Give ``optimizer`` the hooks above if it steps any FSDP shard (once; idempotent)."""
+    if optimizer in _optimizers_seen:
+        return
+    _optimizers_seen.add(optimizer)
+    if any(id(p) in _owners for group in optimizer.param_groups for p in group["params"]):
+        optimizer.register_state_dict_post_hook(_optimizer_state_to_rows)
+        optimizer.register_load_state_dict_pre_hook(_optimizer_state_to_shards)
+
+
+def _on_optimizer_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    enable_optimizer_checkpoints(optimizer)
