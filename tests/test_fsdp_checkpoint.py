@@ -66,7 +66,8 @@ class Run:
             from torch.distributed.device_mesh import DeviceMesh
             from torch.distributed.fsdp import fully_shard
 
-            self.runner = self.model = fully_shard(module, mesh=DeviceMesh.from_group(dist.group.WORLD, "cpu"))
+            mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+            self.runner = self.model = fully_shard(module, mesh=mesh)
         self.optimizer = make_optimizer("adamw", self.runner.parameters())
 
     def train(self, steps: range) -> None:
@@ -213,11 +214,13 @@ def test_checkpoints_with_torch_tools_as_fully_shard(tmp_path: Path):
         _check_plain_model_loads(job, where)
         _check_flat_shard_refused(job, where)
         for impl in IMPLS:  # the same arithmetic as the uninterrupted run: bitwise
-            _assert_same(job[impl]["resumed"], job[impl]["uninterrupted"], f"{where}: {impl} resumed", atol=0.0)
+            resumed = job[impl]["resumed"]
+            _assert_same(resumed, job[impl]["uninterrupted"], f"{where}: {impl} resumed", atol=0.0)
     # Saved at 3 ranks by ours and by fully_shard, each loaded at 2 ranks into both.
     for impl in IMPLS:
         for source in IMPLS:
-            resumed, what = done[2][impl][f"resumed from {source}"], f"{source}'s checkpoint at 3 into {impl} at 2"
+            resumed = done[2][impl][f"resumed from {source}"]
+            what = f"{source}'s checkpoint at 3 into {impl} at 2"
             _assert_same(resumed, done[3]["ours"]["uninterrupted"], f"{what} vs ours uninterrupted at 3")
             _assert_same(resumed, done[3][source]["uninterrupted"], f"{what} vs {source} uninterrupted at 3")
             _assert_same(resumed, done[2]["torch"][f"resumed from {source}"], f"{what} vs fully_shard's")

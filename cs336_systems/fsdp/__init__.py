@@ -8,6 +8,7 @@ to the shards as soon as backward produces it.
 * schedule.py        when they run: gather, prefetch, free, reduce-scatter, finish
 * exact.py           exact-gradient mode: gradients recomputed over the global batch
 * wrapper.py         ``FullyShardedDataParallel``: checks, rank 0's broadcast, hooks
+* checkpoint.py      torch's state-dict helpers and DCP: shards as ``Shard(0)`` DTensors
 
 Two modes. The default, ``exact_gradients=False``, is the FSDP the handout describes, the one
 ``adapters.get_fsdp`` builds and the one the benchmark times: each rank backpropagates its own
