@@ -101,12 +101,15 @@ def _counted_step(side, tokens, targets) -> dict:
 def _sync_cases(ctx: RankContext) -> dict:
     """Ranks start from different weights; what each wrapper holds right after construction."""
     base = build_model(seed=1 + ctx.rank)
+    with torch.no_grad():
+        for block in base.layers:  # gains start at one everywhere: make the ranks' differ too
+            block.norm.gain.add_(ctx.rank)
     out = {"rank0": {n: p.detach().clone() for n, p in build_model(seed=1).named_parameters()}}
     for flag in (True, False):
         ours = build_side(SPECS["defaults"], OURS, base, sgd, sync_module_states=flag)
         out[f"ours-{flag}"] = ours.full_params()
         out[f"replicated-{flag}"] = {n: p.detach().clone() for n, p in ours.module.named_parameters()
-                                     if n.endswith("norm.weight") or n.endswith("gain")}
+                                     if n.endswith("gain")}
     torch_side = build_side(SPECS["defaults"], TORCH, base, sgd)
     out["torch"] = torch_side.full_params()
     # FSDP1's sync_module_states=True, done by hand before fully_shard: rank 0's values.
@@ -117,12 +120,13 @@ def _sync_cases(ctx: RankContext) -> dict:
     return out
 
 
-def run_option_cases(ctx: RankContext, names: list[str]) -> dict:
-    """Rank function: every option of ``names`` that runs at this world size, both sides."""
+def run_option_cases(ctx: RankContext, names: list[str], sync_cases: bool = True) -> dict:
+    """Rank function: every option of ``names`` that runs at this world size, both sides (and
+    the ``sync_module_states`` cases unless ``sync_cases`` is False)."""
     rows = BATCH // ctx.world_size
     mine = slice(ctx.rank * rows, (ctx.rank + 1) * rows)
     mesh = None
-    results: dict = {"sync": _sync_cases(ctx)}
+    results: dict = {"sync": _sync_cases(ctx) if sync_cases else None}
     base = build_model()
     for name in names:
         spec = SPECS[name]
