@@ -19,6 +19,7 @@ from torch import nn
 from cs336_basics.model import Embedding, Linear, RMSNorm
 from cs336_systems.bench.fsdp.accounting import StepAccounting
 from cs336_systems.bench.fsdp.options import OURS, SPECS, TORCH, build_side, hybrid_mesh
+from cs336_systems.bench.fsdp.options_run import predict
 from cs336_systems.launch import RankContext
 
 BATCH = 24  # sequences per step: 4 micro-batches of whole rows at world sizes 2 and 3; 4 ranks
@@ -144,6 +145,8 @@ def run_option_cases(ctx: RankContext, names: list[str], sync_cases: bool = True
                 history.append(side.full_params())
             tokens, targets = batch(STEPS)
             result[side_name] = {"history": history, "counted": _counted_step(side, tokens[mine], targets[mine])}
+            if side_name == OURS:
+                result["predicted"] = predict(side, state_copies=1)  # SGD's momentum
             if side.finish is not None:
                 side.model.release()
         results[name] = result

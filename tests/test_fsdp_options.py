@@ -130,6 +130,17 @@ def test_collectives_per_step_are_what_the_option_implies(name: str, world_size:
         )
 
 
+@pytest.mark.parametrize("name,world_size", _params())
+def test_accounting_predicts_what_our_step_moves_and_holds(name: str, world_size: int):
+    """bench/fsdp/options_run.predict works from the shard layouts alone; the counting mode's
+    bytes by collective kind and bytes held between steps must equal it exactly."""
+    result = option_results(world_size)[0][name]
+    payload, resident = result["predicted"]
+    counted = result["ours"]["counted"]
+    assert {k: v for k, v in payload.items() if v} == counted["payload_bytes"]
+    assert resident == counted["resident_bytes"]
+
+
 @pytest.mark.parametrize("world_size", [4])
 def test_hybrid_all_reduces_shard_gradients_across_replicas(world_size: int):
     ours, theirs = _counted(world_size, "hybrid", "ours"), _counted(world_size, "hybrid", "torch")
