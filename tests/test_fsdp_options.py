@@ -58,9 +58,18 @@ def option_results(world_size: int) -> list[dict]:
     return _results[world_size]
 
 
+def _group(world_size: int):
+    """One xdist group per world size: its tests share one spawned run (--dist loadgroup)."""
+    return pytest.mark.xdist_group(f"fsdp-options-ws{world_size}")
+
+
+def _sizes(*world_sizes: int):
+    return [pytest.param(ws, id=str(ws), marks=_group(ws)) for ws in world_sizes]
+
+
 def _params(keep=lambda spec: True):
     return [
-        pytest.param(name, ws, id=f"{name}-ws{ws}", marks=pytest.mark.xdist_group(f"fsdp-options-ws{ws}"))
+        pytest.param(name, ws, id=f"{name}-ws{ws}", marks=_group(ws))
         for ws in WORLD_SIZES
         for name in SPECS
         if _runs_here(name, ws) and keep(SPECS[name])
@@ -141,7 +150,7 @@ def test_accounting_predicts_what_our_step_moves_and_holds(name: str, world_size
     assert resident == counted["resident_bytes"]
 
 
-@pytest.mark.parametrize("world_size", [4])
+@pytest.mark.parametrize("world_size", _sizes(4))
 def test_hybrid_all_reduces_shard_gradients_across_replicas(world_size: int):
     ours, theirs = _counted(world_size, "hybrid", "ours"), _counted(world_size, "hybrid", "torch")
     assert ours["calls"]["reduce_scatter"] == N_WEIGHTS
@@ -152,7 +161,7 @@ def test_hybrid_all_reduces_shard_gradients_across_replicas(world_size: int):
     assert ours["payload_bytes"]["reduce_scatter"] == pytest.approx(theirs["payload_bytes"]["reduce_scatter"], rel=0.05)
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", _sizes(2, 3))
 def test_checkpointing_equals_the_unchecked_run_and_lowers_the_activation_peak(world_size: int):
     result = option_results(world_size)[0]
     for step, params in enumerate(result["checkpointing"]["ours"]["history"]):
@@ -178,7 +187,7 @@ def _own_slices(world_size: int) -> dict[str, torch.Tensor]:
     return expected
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", _sizes(2, 3))
 def test_sync_module_states_broadcasts_rank0_or_keeps_each_ranks_own(world_size: int):
     per_rank = [r["sync"] for r in option_results(world_size)]
     rank0 = per_rank[0]["rank0"]

@@ -97,9 +97,10 @@ def predict(side: OptionSide, state_copies: int = 2) -> tuple[dict[str, float], 
     unless ``reshard_after_forward=False`` or the weight is an embedding (its gradient needs
     no weight); one reduce-scatter per step of the summed gradient in the reduce dtype; with
     replicas, an all-reduce of the shard's gradient. Replicated parameters' gradients: one
-    all-reduce. Held: shards and replicated parameters in float32, ``state_copies`` times more
-    for the optimizer (AdamW: 2 moments, besides a scalar step count per parameter; SGD with
-    momentum: 1).
+    all-reduce. Held between steps: shards and replicated parameters in float32, as much again
+    for their gradients (kept until the next step's ``zero_grad``), and ``state_copies`` times
+    as much for the optimizer (AdamW: 2 moments, besides a scalar step count per parameter;
+    SGD with momentum: 1).
     """
     micro_batches = side.spec.micro_batches
     fsdp = side.model
@@ -120,7 +121,7 @@ def predict(side: OptionSide, state_copies: int = 2) -> tuple[dict[str, float], 
     shards = {id(w.shard) for w in fsdp.sharded_weights}
     replicated = sum(p.numel() for p in side.module.parameters() if id(p) not in shards)
     payload[ALL_REDUCE] += replicated * reduce
-    return payload, (1 + state_copies) * 4 * (shard_numel + replicated)
+    return payload, (2 + state_copies) * 4 * (shard_numel + replicated)
 
 
 def _timed_step(side: OptionSide, work: Workload, device: torch.device) -> float:
