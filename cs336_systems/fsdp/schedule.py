@@ -24,6 +24,17 @@ In exact-gradient mode (exact.py) a layer computes with the full weight detached
 through :class:`_Unshard`: its gradient arrives from exact.py, recomputed over the global batch,
 and each rank keeps its slice of it rather than reduce-scattering.
 
+The options (options.py) change four things here. ``reshard_after_forward=False``: forward
+keeps each weight it used with a gradient expected gathered, and backward's unpack finds it
+there, so no weight is gathered twice. Activation checkpointing: a layer rerun inside a
+checkpoint's recomputation (checkpointing.is_recomputing) gathers its weight again without
+counting a use, and keeps it until the original use's gradient arrives. ``no_sync()``
+(``sync`` False): gradients are summed into the weights' float32 buffers across micro-batches
+and nothing is reduced until a synchronised backward. Hybrid sharding: weights are sharded
+over a shard group, and each reduce-scattered slice, once waited for, is all-reduced across
+the replicas before it is installed (divided by the whole world size). ``reduce_dtype`` is the
+dtype the summed gradient is cast to for every reduction.
+
 Every rank must run the same layers in the same order (as with torch's FSDP): the collectives
 are issued in the order the autograd graph dictates, and the graphs must agree to pair up.
 """

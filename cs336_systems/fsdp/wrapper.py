@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import weakref
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 import torch.distributed as dist
@@ -30,6 +30,9 @@ from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
 from cs336_systems.fsdp.options import FsdpOptions
 from cs336_systems.fsdp.schedule import Schedule
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
+
+if TYPE_CHECKING:  # imported late elsewhere: absent from some builds
+    from torch.distributed.device_mesh import DeviceMesh
 
 SHARDED_TYPES: tuple[type[nn.Module], ...] = (Linear, Embedding, nn.Linear, nn.Embedding)
 COMPUTE_DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
@@ -106,7 +109,7 @@ class FullyShardedDataParallel(nn.Module):
     def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None,
                  exact_gradients: bool = False, *, reshard_after_forward: bool = True,
                  sync_module_states: bool = True, reduce_dtype: torch.dtype | None = None,
-                 activation_checkpointing: bool = False, device_mesh=None,
+                 activation_checkpointing: bool = False, device_mesh: DeviceMesh | None = None,
                  shard_group: dist.ProcessGroup | None = None,
                  replicate_group: dist.ProcessGroup | None = None):
         if not isinstance(exact_gradients, bool):
