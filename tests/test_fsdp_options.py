@@ -37,7 +37,6 @@ from tests.fsdp_options_cases import DEPTH, build_model, run_option_cases, train
 pytestmark = [pytest.mark.problem("fsdp"), pytest.mark.timeout(300)]
 
 EXHAUSTIVE = os.environ.get("FSDP_OPTIONS_EXHAUSTIVE") == "1"
-WORLD_SIZES = (2, 3, 4)
 N_WEIGHTS = 2 * DEPTH + 2  # sharded weights: each block's up and down, the embedding, the head
 N_TORCH_GROUPS = DEPTH + 1  # fully_shard on each block and on the model
 FLOAT32_ATOL = 1e-6  # measured: at most 1.2e-7 (1 ulp of |p| <= 1) after three steps
@@ -58,22 +57,11 @@ def option_results(world_size: int) -> list[dict]:
     return _results[world_size]
 
 
-def _group(world_size: int):
-    """One xdist group per world size: its tests share one spawned run (--dist loadgroup)."""
-    return pytest.mark.xdist_group(f"fsdp-options-ws{world_size}")
-
-
 def _sizes(*world_sizes: int):
-    return [pytest.param(ws, id=str(ws), marks=_group(ws)) for ws in world_sizes]
-
-
-def _params(keep=lambda spec: True):
-    return [
-        pytest.param(name, ws, id=f"{name}-ws{ws}", marks=_group(ws))
-        for ws in WORLD_SIZES
-        for name in SPECS
-        if _runs_here(name, ws) and keep(SPECS[name])
-    ]
+    # One xdist group per world size; where loadgroup is not honoured, each world size is still
+    # one test, so one spawn per worker that runs it.
+    return [pytest.param(ws, id=f"ws{ws}", marks=pytest.mark.xdist_group(f"fsdp-options-ws{ws}"))
+            for ws in world_sizes]
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -81,8 +69,7 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[n] - b[n]).abs().max().item() for n in a)
 
 
-@pytest.mark.parametrize("name,world_size", _params())
-def test_weights_after_every_step_match_torch_and_single_process(name: str, world_size: int):
+def _check_weights(name: str, world_size: int):
     spec = SPECS[name]
     reference = train_reference()
     for rank, result in enumerate(option_results(world_size)):
@@ -97,8 +84,7 @@ def test_weights_after_every_step_match_torch_and_single_process(name: str, worl
                 assert _max_diff(ours[step], expected) <= 2 * _max_diff(theirs[step], expected) + 1e-5, where
 
 
-@pytest.mark.parametrize("name,world_size", _params())
-def test_bytes_held_within_five_percent_of_torch(name: str, world_size: int):
+def _check_bytes_held(name: str, world_size: int):
     for result in option_results(world_size):
         ours, theirs = result[name]["ours"]["counted"], result[name]["torch"]["counted"]
         assert abs(ours["resident_bytes"] / theirs["resident_bytes"] - 1) <= 0.05, (ours, theirs)
@@ -109,8 +95,7 @@ def _counted(world_size: int, name: str, side: str) -> dict:
     return option_results(world_size)[0][name][side]["counted"]
 
 
-@pytest.mark.parametrize("name,world_size", _params(lambda s: not s.hybrid))
-def test_collectives_per_step_are_what_the_option_implies(name: str, world_size: int):
+def _check_collectives(name: str, world_size: int):
     spec = SPECS[name]
     ours, theirs = _counted(world_size, name, "ours"), _counted(world_size, name, "torch")
     base_ours, base_theirs = _counted(world_size, "defaults", "ours"), _counted(world_size, "defaults", "torch")
@@ -139,8 +124,7 @@ def test_collectives_per_step_are_what_the_option_implies(name: str, world_size:
         )
 
 
-@pytest.mark.parametrize("name,world_size", _params())
-def test_accounting_predicts_what_our_step_moves_and_holds(name: str, world_size: int):
+def _check_accounting(name: str, world_size: int):
     """bench/fsdp/options_run.predict works from the shard layouts alone; the counting mode's
     bytes by collective kind and bytes held between steps must equal it exactly."""
     result = option_results(world_size)[0][name]
@@ -150,8 +134,7 @@ def test_accounting_predicts_what_our_step_moves_and_holds(name: str, world_size
     assert resident == counted["resident_bytes"]
 
 
-@pytest.mark.parametrize("world_size", _sizes(4))
-def test_hybrid_all_reduces_shard_gradients_across_replicas(world_size: int):
+def _check_hybrid(world_size: int):
     ours, theirs = _counted(world_size, "hybrid", "ours"), _counted(world_size, "hybrid", "torch")
     assert ours["calls"]["reduce_scatter"] == N_WEIGHTS
     assert ours["calls"]["all_reduce"] == N_WEIGHTS + 1  # each shard gradient, the replicated ones
@@ -161,8 +144,7 @@ def test_hybrid_all_reduces_shard_gradients_across_replicas(world_size: int):
     assert ours["payload_bytes"]["reduce_scatter"] == pytest.approx(theirs["payload_bytes"]["reduce_scatter"], rel=0.05)
 
 
-@pytest.mark.parametrize("world_size", _sizes(2, 3))
-def test_checkpointing_equals_the_unchecked_run_and_lowers_the_activation_peak(world_size: int):
+def _check_checkpointing(world_size: int):
     result = option_results(world_size)[0]
     for step, params in enumerate(result["checkpointing"]["ours"]["history"]):
         for n, value in params.items():
@@ -187,8 +169,7 @@ def _own_slices(world_size: int) -> dict[str, torch.Tensor]:
     return expected
 
 
-@pytest.mark.parametrize("world_size", _sizes(2, 3))
-def test_sync_module_states_broadcasts_rank0_or_keeps_each_ranks_own(world_size: int):
+def _check_sync_module_states(world_size: int):
     per_rank = [r["sync"] for r in option_results(world_size)]
     rank0 = per_rank[0]["rank0"]
     own = _own_slices(world_size)
@@ -206,6 +187,33 @@ def test_sync_module_states_broadcasts_rank0_or_keeps_each_ranks_own(world_size:
             assert _max_diff(sharded, {n: sync["torch"][n] for n in sharded}) == 0.0, rank
     gains = [sync["replicated-False"] for sync in per_rank]
     assert any(_max_diff(g, gains[0]) > 0 for g in gains[1:])  # replicas kept their own values
+
+
+def _with_context(what: str, check, *args) -> None:
+    try:
+        check(*args)
+    except AssertionError as e:
+        raise AssertionError(f"{what}: {e}") from e
+
+
+@pytest.mark.parametrize("world_size", _sizes(2, 3, 4))
+def test_every_option_against_torch_fully_shard(world_size: int):
+    """One spawned run per world size, every check of the module docstring on every option that
+    runs there (world size 4: hybrid sharding, and every option with FSDP_OPTIONS_EXHAUSTIVE=1)."""
+    names = [n for n in SPECS if _runs_here(n, world_size)]
+    assert names
+    for name in names:
+        where = f"{name} at world size {world_size}"
+        _with_context(where, _check_weights, name, world_size)
+        _with_context(where, _check_bytes_held, name, world_size)
+        _with_context(where, _check_accounting, name, world_size)
+        if not SPECS[name].hybrid:
+            _with_context(where, _check_collectives, name, world_size)
+    if world_size == 4:
+        _with_context("hybrid", _check_hybrid, world_size)
+    else:
+        _with_context("checkpointing", _check_checkpointing, world_size)
+        _with_context("sync_module_states", _check_sync_module_states, world_size)
 
 
 @pytest.mark.parametrize(
