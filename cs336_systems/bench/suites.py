@@ -94,7 +94,8 @@ def cpu_suite(out: Path) -> list[BenchStep]:
         fsdp=(*CPU_DDP, "--rounds", "6", "--steps-per-round", "1"),
         family=("--world-size", "2", "--rounds", "16"),
         naive_steps=10,
-        # The tiny LM: twelve (option, side) pairs per round, sixteen rounds, about a minute idle.
+        # The tiny LM: twelve (option, side) pairs per round, sixteen rounds: 4 minutes on this
+        # 2-core machine while other jobs held a load average near 20.
         fsdp_options=(*FSDP_OPTIONS_TINY, "--rounds", "16"),
     )
 
