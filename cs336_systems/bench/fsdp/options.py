@@ -91,8 +91,11 @@ class OptionSide:
 
     def step(self, tokens: torch.Tensor, targets: torch.Tensor) -> None:
         """One optimizer step over this rank's rows, in ``spec.micro_batches`` micro-batches."""
-        self.optimizer.zero_grad(set_to_none=True)
         k = self.spec.micro_batches
+        if tokens.shape[0] % k:
+            raise ValueError(f"option {self.spec.name!r}: {tokens.shape[0]} rows of this rank cannot be split "
+                             f"into {k} equal micro-batches")
+        self.optimizer.zero_grad(set_to_none=True)
         for i, (tok, tgt) in enumerate(zip(tokens.chunk(k), targets.chunk(k))):
             last = i == k - 1
             with self._sync(last):
