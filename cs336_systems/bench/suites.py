@@ -49,6 +49,7 @@ def _steps_for(
     fsdp: tuple[str, ...],
     family: tuple[str, ...],
     naive_steps: int,
+    fsdp_options: tuple[str, ...] | None = None,
 ) -> list[BenchStep]:
     steps = [
         BenchStep("all-reduce grid", "scripts/bench_allreduce.py", allreduce, f"{out}/allreduce.json"),
@@ -65,12 +66,16 @@ def _steps_for(
         BenchStep("sharded optimizer accounting", "scripts/bench_sharded_optimizer.py", sharded,
                   f"{out}/sharded_optimizer.json"),
         BenchStep("FSDP beside DDP, ZeRO-1 and torch's FSDP", "scripts/bench_fsdp.py", fsdp, f"{out}/fsdp_step.json"),
+        *([BenchStep("FSDP options beside torch's fully_shard", "scripts/bench_fsdp_options.py", fsdp_options,
+                     f"{out}/fsdp_options.json")] if fsdp_options is not None else []),
         # Section 8's bytes per rank: gloo on the CPUs wherever the suite runs (seconds; no GPU needed).
         BenchStep("section 8 FFN: bytes each rank sends", "scripts/measure_ffn_bytes.py", (), f"{out}/ffn_bytes.json"),
     ]
     return steps
 
 
+# 8 sequences: 4 rows per rank at world size 2, one per micro-batch of the accumulation option.
+FSDP_OPTIONS_TINY = ("--model-size", "tiny", "--context-length", "32", "--global-batch", "8", "--world-size", "2")
 CPU_DDP = ("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4", "--world-size", "2")
 
 
@@ -89,6 +94,9 @@ def cpu_suite(out: Path) -> list[BenchStep]:
         fsdp=(*CPU_DDP, "--rounds", "6", "--steps-per-round", "1"),
         family=("--world-size", "2", "--rounds", "16"),
         naive_steps=10,
+        # The tiny LM: twelve (option, side) pairs per round, sixteen rounds: 4 minutes on this
+        # 2-core machine while other jobs held a load average near 20.
+        fsdp_options=(*FSDP_OPTIONS_TINY, "--rounds", "16"),
     )
 
 
@@ -105,6 +113,7 @@ def quick_suite(out: Path) -> list[BenchStep]:
         fsdp=(*tiny, "--global-batch", "4", "--rounds", "2", "--steps-per-round", "1"),
         family=("--models", "many-small", "--rounds", "1", "--warmup-steps", "0"),
         naive_steps=3,
+        fsdp_options=(*FSDP_OPTIONS_TINY, "--rounds", "2"),
     )
 
 
@@ -136,6 +145,7 @@ def gpu_suite(out: Path, gpu_count: int) -> list[BenchStep]:
             fsdp=(*ddp, "--rounds", "3", "--steps-per-round", "2"),
             family=("--device", "cuda", "--backend", "gloo", "--world-size", "2", "--rounds", "8"),
             naive_steps=10,
+            fsdp_options=(*ddp, "--rounds", "8"),
         ) + [nccl_rehearsal_step(out)]
     world_sizes = [str(n) for n in (2, 4, 6) if n <= gpu_count]
     xl = ("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--global-batch", "16", "--world-size", "2")
@@ -156,4 +166,7 @@ def gpu_suite(out: Path, gpu_count: int) -> list[BenchStep]:
               "--world-size", "2", "--rounds", "3", "--steps-per-round", "2"),
         family=("--device", "cuda", "--world-size", "2", "--rounds", "8"),
         naive_steps=10,
+        # Hybrid sharding (2 x 2) where 4 GPUs are there; medium, as the FSDP step benchmark.
+        fsdp_options=("--device", "cuda", "--model-size", "medium", "--context-length", "128", "--global-batch", "16",
+                      "--world-size", "4" if gpu_count >= 4 else "2", "--rounds", "8"),
     )

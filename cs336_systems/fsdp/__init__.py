@@ -7,6 +7,10 @@ to the shards as soon as backward produces it.
 * sharded_weight.py  one weight's shard layout (flatten, pad, slice) and its collectives
 * schedule.py        when they run: gather, prefetch, free, reduce-scatter, finish
 * exact.py           exact-gradient mode: gradients recomputed over the global batch
+* options.py         the options torch's ``fully_shard`` users set (reshard_after_forward,
+                     sync_module_states, reduce_dtype, activation checkpointing, hybrid
+                     sharding), with torch's defaults; ``no_sync()`` for gradient accumulation
+* activation_checkpointing.py   activation checkpointing per layer, and telling a recomputation apart
 * wrapper.py         ``FullyShardedDataParallel``: checks, rank 0's broadcast, hooks
 * checkpoint.py      torch's state-dict helpers and DCP: shards as ``Shard(0)`` DTensors
 
@@ -29,7 +33,9 @@ computing the weight gradients of the whole global batch, world size times its s
 adapter uses it by default (``adapters.get_fsdp_exact`` builds it for our bitwise tests).
 """
 
+from cs336_systems.fsdp.activation_checkpointing import checkpoint_layers, is_recomputing
 from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
+from cs336_systems.fsdp.options import FsdpOptions
 from cs336_systems.fsdp.schedule import MAX_REDUCTIONS_IN_FLIGHT, Schedule
 from cs336_systems.fsdp.sharded_weight import ShardedWeight, ShardLayout
 from cs336_systems.fsdp.wrapper import COMPUTE_DTYPES, SHARDED_TYPES, FullyShardedDataParallel

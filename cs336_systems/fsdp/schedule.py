@@ -24,6 +24,17 @@ In exact-gradient mode (exact.py) a layer computes with the full weight detached
 through :class:`_Unshard`: its gradient arrives from exact.py, recomputed over the global batch,
 and each rank keeps its slice of it rather than reduce-scattering.
 
+The options (options.py) change four things here. ``reshard_after_forward=False``: forward
+keeps each weight it used with a gradient expected gathered, and backward's unpack finds it
+there, so no weight is gathered twice. Activation checkpointing: a layer rerun inside a
+checkpoint's recomputation (checkpointing.is_recomputing) gathers its weight again without
+counting a use, and keeps it until the original use's gradient arrives. ``no_sync()``
+(``sync`` False): gradients are summed into the weights' float32 buffers across micro-batches
+and nothing is reduced until a synchronised backward. Hybrid sharding: weights are sharded
+over a shard group, and each reduce-scattered slice, once waited for, is all-reduced across
+the replicas before it is installed (divided by the whole world size). ``reduce_dtype`` is the
+dtype the summed gradient is cast to for every reduction.
+
 Every rank must run the same layers in the same order (as with torch's FSDP): the collectives
 are issued in the order the autograd graph dictates, and the graphs must agree to pair up.
 """
@@ -37,6 +48,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cs336_systems.fsdp.activation_checkpointing import is_recomputing
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
 
 # Two: the one just launched can overlap the next layer's backward while the one before it
@@ -73,15 +85,24 @@ class Schedule:
     """Drives the gathers, prefetches and reductions of one FSDP-wrapped module."""
 
     def __init__(self, weights: list[ShardedWeight], replicated: list[nn.Parameter], world_size: int,
-                 group: dist.ProcessGroup | None, exact_gradients: bool = False):
+                 group: dist.ProcessGroup | None, exact_gradients: bool = False, *,
+                 reshard_after_forward: bool = True, reduce_dtype: torch.dtype = torch.float32,
+                 replicate_group: dist.ProcessGroup | None = None):
         self.weights = weights  # every sharded weight, in a fixed order every rank shares
         self.replicated = replicated  # replicated parameters whose gradients are all-reduced
         # Exact mode (exact.py): weight gradients arrive recomputed over the global batch, so
         # each rank keeps its slice instead of reduce-scattering, and layers get detached weights.
         self.exact_gradients = exact_gradients
         self.exact = None  # the ExactGradients driving exact mode, set by the wrapper
-        self.world_size = world_size
-        self.group = group
+        self.world_size = world_size  # every rank: gradients are averaged over all of them
+        self.group = group  # replicated parameters' all-reduce (None: the world)
+        self.reshard_after_forward = reshard_after_forward  # False: keep gathered until backward
+        self.reduce_dtype = reduce_dtype
+        # Hybrid sharding: shard gradients, once reduce-scattered within the shard group, are
+        # all-reduced across the replicas (options.py); None: no replicas.
+        self.replicate_group = replicate_group
+        self.sync = True  # False inside no_sync(): gradients are summed locally, not reduced
+        self._replica_in_flight: deque[dist.Work] = deque()
         self.grad_pending = False  # a gradient arrived since the last finish()
         self._live: dict[int, ShardedWeight] = {}  # storage address -> gathered weight
         self._last_order: list[ShardedWeight] = []  # uses of the previous forward, in order
@@ -89,7 +110,7 @@ class Schedule:
         self._saved: list[bool] = []  # per use of this forward: did it save its full weight
         self._backward_order: list[ShardedWeight] = []  # uses that gather again, in backward order
         self._backward_cursor = 0
-        self._in_flight: deque[tuple[dist.Work, torch.Tensor]] = deque()
+        self._in_flight: deque[tuple[dist.Work, torch.Tensor, ShardedWeight]] = deque()
         self._biases: dict[nn.Module, nn.Parameter] = {}  # master biases of layers mid-call
 
     # -- gathering -----------------------------------------------------------------------------
@@ -115,7 +136,8 @@ class Schedule:
 
     def end_forward(self) -> None:
         for weight in list(self._live.values()):  # a prefetch the forward did not use
-            self.free(weight)
+            if self.reshard_after_forward or not self._awaits_backward(weight):
+                self.free(weight)
         self._last_order = self._order
         self._backward_order = [w for w, saved in zip(reversed(self._order), reversed(self._saved)) if saved]
         self._backward_cursor = 0
@@ -128,15 +150,20 @@ class Schedule:
         return None
 
     def pre_forward(self, module: nn.Module, weight: ShardedWeight) -> None:
-        index = len(self._order)
-        self._order.append(weight)
-        self._saved.append(False)
+        recompute = is_recomputing()  # a checkpointed layer rerun in backward (activation_checkpointing.py)
+        if not recompute:
+            index = len(self._order)
+            self._order.append(weight)
+            self._saved.append(False)
         full = self.full(weight)
-        upcoming = self._planned_next(index)
+        upcoming = None if recompute else self._planned_next(index)
         if upcoming is not None and upcoming is not weight:
             self.start_gather(upcoming)
         if torch.is_grad_enabled() and weight.shard.requires_grad:
-            weight.uses += 1
+            if recompute:  # no new use: the original use's gradient is the one that arrives
+                weight.recompute_holds += 1
+            else:
+                weight.uses += 1
             if not self.exact_gradients:
                 full = _Unshard.apply(weight.shard, weight, self)
         module._parameters["weight"] = full  # for this call only; post_forward restores the shard
@@ -151,7 +178,15 @@ class Schedule:
         module._parameters["weight"] = weight.shard
         if module in self._biases:
             module._parameters["bias"] = self._biases.pop(module)
+        if is_recomputing() and weight.recompute_holds:
+            return  # the rerun's saved tensors are views of it: freed when its gradient arrives
+        if not self.reshard_after_forward and self._awaits_backward(weight):
+            return  # kept for backward: no second all-gather
         self.free(weight)
+
+    @staticmethod
+    def _awaits_backward(weight: ShardedWeight) -> bool:
+        return torch.is_grad_enabled() and weight.grads_in < weight.uses
 
     def pack(self, tensor: torch.Tensor):
         """saved_tensors_hooks pack: a view of a gathered weight becomes a :class:`_SavedFull`."""
@@ -181,27 +216,42 @@ class Schedule:
         return padded.as_strided(saved.size, saved.stride, saved.storage_offset)
 
     def on_weight_grad(self, weight: ShardedWeight, grad_full: torch.Tensor) -> None:
-        self.grad_pending = True
-        self.free(weight)
-        if weight.add_grad(grad_full):
+        self.grad_pending = self.grad_pending or self.sync
+        if weight.recompute_holds:
+            weight.recompute_holds -= 1
+        if not weight.recompute_holds:
+            self.free(weight)
+        if weight.add_grad(grad_full) and self.sync:
             self._launch_reduction(weight)
 
     def on_replicated_grad(self, param: torch.Tensor) -> None:
-        self.grad_pending = True
+        self.grad_pending = self.grad_pending or self.sync
 
     def _launch_reduction(self, weight: ShardedWeight) -> None:
         if self.exact_gradients:  # every rank holds the global gradient: no reduction needed
             weight.keep_own_slice()
             return
         while len(self._in_flight) >= MAX_REDUCTIONS_IN_FLIGHT:
-            work, _ = self._in_flight.popleft()
-            work.wait()
-        self._in_flight.append(weight.reduce_scatter())
+            self._retire_oldest()
+        work, full_grad = weight.reduce_scatter(self.reduce_dtype)
+        self._in_flight.append((work, full_grad, weight))
+
+    def _retire_oldest(self) -> None:
+        """Wait for the oldest reduce-scatter; with replicas, launch its all-reduce across them
+        (after the wait: collectives on two groups are not ordered with each other)."""
+        work, _, weight = self._in_flight.popleft()
+        work.wait()
+        if self.replicate_group is not None:
+            self._replica_in_flight.append(
+                dist.all_reduce(weight.reduced_slices[-1], group=self.replicate_group, async_op=True)
+            )
 
     # -- after backward ------------------------------------------------------------------------
 
     def finish(self) -> None:
         """Complete every reduction of this step and install the averaged gradients."""
+        if not self.sync:
+            return  # inside no_sync(): the sums wait for the first synchronised backward
         if self.exact is not None:
             self.exact.finish()
         for weight in self.weights:  # uses whose gradient never came (e.g. an unused output)
@@ -209,8 +259,9 @@ class Schedule:
                 self._launch_reduction(weight)
         self._all_reduce_replicated()
         while self._in_flight:
-            work, _ = self._in_flight.popleft()
-            work.wait()
+            self._retire_oldest()
+        while self._replica_in_flight:
+            self._replica_in_flight.popleft().wait()
         for weight in self.weights:
             weight.install_grad(self.world_size)
             self.free(weight)
@@ -219,9 +270,11 @@ class Schedule:
     def release(self) -> None:
         """Wait for and drop every collective still in flight; free every gathered weight."""
         while self._in_flight:
-            work, _ = self._in_flight.popleft()
-            work.wait()
+            self._retire_oldest()
+        while self._replica_in_flight:
+            self._replica_in_flight.popleft().wait()
         for weight in self.weights:
+            weight.recompute_holds = 0
             self.free(weight)  # waits for a gather still writing it
 
     def _all_reduce_replicated(self) -> None:
@@ -234,11 +287,11 @@ class Schedule:
         if not params:
             return
         flat = torch.cat([
-            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(torch.float32)
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(self.reduce_dtype)
             for p in params
         ])
         dist.all_reduce(flat, group=self.group)
-        flat.div_(self.world_size)
+        flat = flat.to(torch.float32).div_(self.world_size)
         offset = 0
         for p in params:
             p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.dtype)

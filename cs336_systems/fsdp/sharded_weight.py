@@ -85,6 +85,9 @@ class ShardedWeight:
         self.uses = 0  # uses in this step's forward whose gradient is expected
         self.grads_in = 0  # of those, gradients that have arrived
         self.needs_gather_in_backward = False  # some use saved the full weight for backward
+        # Recomputations (activation checkpointing) holding the gathered weight until the
+        # original use's gradient arrives: the tensors they saved are views of it.
+        self.recompute_holds = 0
 
     # -- the full weight ---------------------------------------------------------------------
 
@@ -160,18 +163,24 @@ class ShardedWeight:
     def has_unreduced_grad(self) -> bool:
         return self._grad is not None
 
-    def reduce_scatter(self) -> tuple[dist.Work, torch.Tensor]:
-        """Launch the sum-reduce-scatter of the summed full gradient.
+    def reduce_scatter(self, reduce_dtype: torch.dtype = torch.float32) -> tuple[dist.Work, torch.Tensor]:
+        """Launch the sum-reduce-scatter of the summed full gradient, in ``reduce_dtype``.
 
         Returns the work and its input: the caller keeps the input alive until the work was
-        waited for, then drops it (the full gradient's memory goes with it).
+        waited for, then drops it (the full gradient's memory goes with it). The output is the
+        last of :attr:`reduced_slices` (hybrid sharding all-reduces it across replicas next).
         """
         assert self._grad is not None
-        full_grad, self._grad = self._grad, None
-        out = torch.empty(self.layout.shard_numel, dtype=torch.float32, device=full_grad.device)
+        full_grad, self._grad = self._grad.to(reduce_dtype), None
+        out = torch.empty(self.layout.shard_numel, dtype=reduce_dtype, device=full_grad.device)
         work = dist.reduce_scatter_tensor(out, full_grad, group=self.group, async_op=True)
         self._reduced.append(out)
         return work, full_grad
+
+    @property
+    def reduced_slices(self) -> list[torch.Tensor]:
+        """This step's reduced gradient slices, not yet averaged or installed."""
+        return self._reduced
 
     def keep_own_slice(self) -> None:
         """Exact mode: the summed gradient is the global one on every rank; keep this rank's slice."""
@@ -183,7 +192,7 @@ class ShardedWeight:
     def install_grad(self, world_size: int) -> None:
         """After every reduction was waited for: average and add to the shard's ``.grad``."""
         for total in self._reduced:
-            grad = total.div_(world_size).to(self.shard.dtype)
+            grad = total.to(torch.float32).div_(world_size).to(self.shard.dtype)
             if self.shard.grad is None:
                 self.shard.grad = grad
             else:

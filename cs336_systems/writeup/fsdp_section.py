@@ -18,6 +18,7 @@ from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES as FP32_BYTES
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.fsdp_figure import render_fsdp_timelines
+from cs336_systems.writeup.fsdp_options_section import options_runs
 from cs336_systems.writeup.load import MachineResults, ResultsFile
 from cs336_systems.writeup.paired import Paired, signed_ms
 
@@ -112,8 +113,10 @@ def fsdp_page(ctx: RenderContext) -> Page:
     runs = [_run(ctx, machine, results) for machine, results in ctx.inputs.runs(KIND) if results.records]
     missing = [s.name for s in coverage.note_gaps(ctx, KIND, "FSDP step benchmark")]
     names = dict(ddp=DDP, zero1=ZERO1, fsdp=FSDP, torch=TORCH_FSDP)
+    options = options_runs(ctx)
     answer = templating.render("answers/fsdp_accounting.md.j2", runs=runs, missing=missing, c=names,
-                               link=details_link("fsdp"), gaps=details_link("machines", "not-measured-here"))
+                               link=details_link("fsdp"), gaps=details_link("machines", "not-measured-here"),
+                               options=options)
     markdown = templating.render("details/fsdp.md.j2", runs=runs, missing=missing, c=names,
-                                 gaps="machines.md#not-measured-here")
+                                 gaps="machines.md#not-measured-here", options=options)
     return Page("fsdp", markdown, {"fsdp_accounting": answer}, [r["figure"] for r in runs if r["figure"]])

@@ -1,0 +1,75 @@
+"""The FSDP page's options table: each option, our FSDP beside torch's ``fully_shard``, and the
+accounting statement per option (what predict() said our step moves and holds, what was counted).
+
+Reads ``fsdp_options.json`` (one :class:`FsdpOptionRecord` per option). A step-time ratio is a
+finding only with its interval: "no slower" means the interval's upper end is at most 1, and
+an interval holding 1 reads "indistinguishable here". Words in
+``templates/details/fsdp_options.md.j2``, included by the FSDP page and the fsdp_accounting answer.
+"""
+
+from __future__ import annotations
+
+from cs336_systems.bench.fsdp.options_run import FsdpOptionRecord
+from cs336_systems.bench.fsdp.record import COLLECTIVES
+from cs336_systems.writeup import fmt
+from cs336_systems.writeup.context import RenderContext
+
+KIND = FsdpOptionRecord.KIND
+BYTES_TOLERANCE = 0.05  # "bytes held within 5% of torch's"
+
+
+def _reading(r: FsdpOptionRecord) -> str:
+    if r.ratio_ci95 is None:
+        return "too few rounds for an interval"
+    low, high = r.ratio_ci95
+    if high <= 1.0:
+        return "ours no slower" if low < 1.0 else "same"
+    if low > 1.0:
+        return "ours slower"
+    return "indistinguishable here"
+
+
+def _within(a: float, b: float) -> bool:
+    return abs(a / b - 1) <= BYTES_TOLERANCE
+
+
+def _moved(payload: dict[str, float]) -> str:
+    return ", ".join(f"{k.replace('_', '-')} {fmt.mb(payload[k])}" for k in COLLECTIVES if payload.get(k))
+
+
+def _run(results) -> dict:
+    records: list[FsdpOptionRecord] = results.records
+    rows, accounting = [], []
+    for r in records:
+        interval = f"[{r.ratio_ci95[0]:.2f}, {r.ratio_ci95[1]:.2f}]" if r.ratio_ci95 else "–"
+        rows.append([r.option, r.description, fmt.ms(r.ours_median_s), fmt.ms(r.torch_median_s),
+                     f"{r.ratio_median:.2f}", interval, _reading(r),
+                     f"{fmt.mb(r.ours_resident_bytes)} / {fmt.mb(r.torch_resident_bytes)}",
+                     "yes" if _within(r.ours_resident_bytes, r.torch_resident_bytes) else "no",
+                     f"{fmt.mb(r.ours_peak_bytes)} / {fmt.mb(r.torch_peak_bytes)}",
+                     f"{fmt.mb(r.ours_activation_peak_bytes)} / {fmt.mb(r.torch_activation_peak_bytes)}",
+                     " ".join(f"{k.replace('_', '-')} {r.ours_calls.get(k, 0)}/{r.torch_calls.get(k, 0)}"
+                              for k in COLLECTIVES if r.ours_calls.get(k) or r.torch_calls.get(k))])
+        counted = {k: v for k, v in r.ours_payload_bytes.items() if v}
+        predicted = {k: v for k, v in r.predicted_payload_bytes.items() if v}
+        accounting.append(dict(
+            option=r.option, predicted=_moved(predicted), measured=_moved(counted),
+            moved_equal=counted == predicted, held_predicted=r.predicted_resident_bytes,
+            held=r.ours_resident_bytes, held_torch=r.torch_resident_bytes))
+    no_slower = [r.option for r in records if r.ratio_ci95 is not None and r.ratio_ci95[1] <= 1.0]
+    return dict(
+        setting=fmt.workload_setting_line(results, f"{results.setting.get('rounds', '?')} rounds"),
+        n=results.environment.world_size, accounting=accounting,
+        no_slower=no_slower, median_no_slower=[r.option for r in records if r.ratio_median <= 1.0],
+        bytes_within=[r.option for r in records if _within(r.ours_resident_bytes, r.torch_resident_bytes)],
+        options=[r.option for r in records],
+        table=fmt.table(["option", "what", "ours (ms)", "torch's (ms)", "ours / torch's per round",
+                         "95% interval", "reading", "held per rank, ours / torch's (MB)", "within 5%",
+                         "peak (MB)", "activations at peak (MB)", "collectives per step, ours/torch's"],
+                        rows, align="llrrrrllllll"),
+    )
+
+
+def options_runs(ctx: RenderContext) -> list[dict]:
+    """One entry per machine with an options run (none: the page says how to run it)."""
+    return [_run(results) for _, results in ctx.inputs.runs(KIND) if results.records]
