@@ -188,7 +188,7 @@ def student_output(rows: list[ProblemGrade], run: Run | None, notes: list[str] =
     hand = [r for r in rows if r.points is None]
     if hand:
         lines += ["", "Graded by hand from your writeup, not part of this score: "
-                  + ", ".join(f"{r.problem} ({r.possible} points)" for r in hand) + "."]
+                  + ", ".join(f"{r.problem} ({r.possible} point{'s' * (r.possible != 1)})" for r in hand) + "."]
     return "\n".join(lines)
 
 

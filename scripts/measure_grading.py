@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,7 @@ from cs336_systems.results.files import atomic_path
 REPO = Path(__file__).resolve().parents[1]
 MB = 1 << 20
 V2 = Path("/sys/fs/cgroup")
-V1 = {"memory": Path("/sys/fs/cgroup/memory"), "cpu": Path("/sys/fs/cgroup/cpu")}
+V1 = {"memory": Path("/sys/fs/cgroup/memory"), "cpu": Path("/sys/fs/cgroup/cpu"), "cpuacct": Path("/sys/fs/cgroup/cpuacct")}
 POLL_S = 0.2
 
 
@@ -54,10 +55,12 @@ class GradingRun:
     possible: float
     failed: list[str] = field(default_factory=list)  # "test: output" of each failed test
     cgroup_peak_mb: float | None = None  # None: no cgroup could be made
+    cpu_s: float | None = None  # CPU time of the grading (and its hogs), from the cgroup
     rss_sum_peak_mb: float = 0.0
     pss_sum_peak_mb: float = 0.0
     anon_pss_sum_peak_mb: float = 0.0  # the part no limit can reclaim (no file behind it)
     processes_peak: int = 0
+    log_tail: list[str] = field(default_factory=list)  # the suite's last lines, when a test failed
 
 
 class Cgroup:
@@ -65,7 +68,7 @@ class Cgroup:
 
     def __init__(self, name: str, quota: float | None, memory_limit_mb: int | None):
         self.v2 = (V2 / "cgroup.controllers").is_file()
-        self.dirs = [V2 / name] if self.v2 else [V1["memory"] / name, V1["cpu"] / name]
+        self.dirs = [V2 / name] if self.v2 else [V1["memory"] / name, V1["cpu"] / name, V1["cpuacct"] / name]
         for d in self.dirs:
             d.mkdir()
         if self.v2:
@@ -89,6 +92,13 @@ class Cgroup:
     def peak_mb(self) -> float:
         peak = self.dirs[0] / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes")
         return int(peak.read_text()) / MB
+
+    def cpu_s(self) -> float:
+        """CPU seconds its processes used: on a loaded machine, the wall time of the work alone."""
+        if self.v2:
+            usage = dict(line.split() for line in (self.dirs[0] / "cpu.stat").read_text().splitlines())
+            return int(usage["usage_usec"]) / 1e6
+        return int((self.dirs[2] / "cpuacct.usage").read_text()) / 1e9
 
     def remove(self) -> None:
         for d in self.dirs:
@@ -157,6 +167,7 @@ def measure(submission: Path, label: str, cpus: str, quota: float | None, memory
         run.wall_s = time.monotonic() - start
         if group is not None:
             run.cgroup_peak_mb = group.peak_mb()
+            run.cpu_s = group.cpu_s()
         results = out / "results.json"
         if results.is_file():
             graded = json.loads(results.read_text())
@@ -164,6 +175,9 @@ def measure(submission: Path, label: str, cpus: str, quota: float | None, memory
             run.possible = round(sum(t["max_score"] for t in graded["tests"]), 4)
             run.failed = [f"{t['name']}: {t['output'][:300]}" for t in graded["tests"]
                           if t["status"] != "passed" and t["max_score"] > 0]
+        if run.failed or run.score is None:
+            log = out / "pytest.log"
+            run.log_tail = log.read_text(errors="replace").splitlines()[-5:] if log.is_file() else []
     finally:
         for b in busy:
             b.kill()
@@ -214,6 +228,7 @@ def build_parser() -> cli.Parser:
 @cli.stops_cleanly
 def main(argv: list[str] | None = None) -> int:
     setting, _ = build_parser().parse_settings(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the cgroup's processes are then killed on the way out
     runs = []
     for i, submission in enumerate(setting.submissions):
         label = setting.labels[i] if i < len(setting.labels) else submission.resolve().name
@@ -223,13 +238,14 @@ def main(argv: list[str] | None = None) -> int:
                               setting.repeats, setting.edition)
                 runs.append(run)
                 memory = f"{run.cgroup_peak_mb:.0f}" if run.cgroup_peak_mb is not None else "-"
-                print(f"{label}: cpus {setting.cpus}, quota {quota}, hogs {setting.hogs}: {run.wall_s:.1f} s, "
+                cpu = f" ({run.cpu_s:.1f} s of CPU)" if run.cpu_s is not None else ""
+                print(f"{label}: cpus {setting.cpus}, quota {quota}, hogs {setting.hogs}: {run.wall_s:.1f} s{cpu}, "
                       f"score {run.score}/{run.possible}, cgroup peak {memory} MB, summed RSS "
                       f"{run.rss_sum_peak_mb:.0f} MB, PSS {run.pss_sum_peak_mb:.0f} MB (anonymous {run.anon_pss_sum_peak_mb:.0f} MB), "
                       f"{run.processes_peak} processes",
                       flush=True)
-                for failure in run.failed:
-                    print(f"    failed: {failure}")
+                for line in [*run.failed[:3], *run.log_tail]:
+                    print(f"    {line}")
     document = {"kind": "grading_footprint", "environment": asdict(collect_environment("gloo", 3, "cpu")),
                 "memory_mb": psutil.virtual_memory().total // MB, "poll_s": POLL_S,
                 "setting": {k: [str(x) for x in v] if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v
