@@ -13,7 +13,11 @@ once: the ranks forked from one server share most of torch). The results file re
     python scripts/measure_grading.py --submissions tests/fixtures/submission --cpus 0 --quotas 1 0.5
     python scripts/measure_grading.py --submissions path/to/slow --labels slow --runs 3 --hogs 3 --out /tmp/f.json
 
-Needs root (or a delegated cgroup) for the cgroup; without one it measures by polling only.
+Needs root (or a delegated cgroup) for the cgroup; without one it measures by polling only. The
+README's numbers: ``writeup/footprint/<machine tag>/``, with this interpreter's torch (Gradescope
+installs the CPU build; ``--out`` names where a run goes). Their "slow" submission is the correct
+fixture whose package also imports pandas, triton and wandb at the top, as course-template
+packages do: every rank pays for those imports.
 """
 
 from __future__ import annotations
