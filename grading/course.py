@@ -65,6 +65,7 @@ def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, lim
     """Grade every checkout and zip in ``folder`` into ``out``; writes grades.csv and the summary."""
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    start = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     found = submissions(folder)
     done = {} if regrade else {s: g for s in found if (g := _already(s, out)) is not None}
@@ -77,7 +78,8 @@ def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, lim
             fresh = _through_submitit(todo, out, args, jobs, bar, executor, partition, limits)
     graded = [done.get(s) or fresh[s] for s in found]
     report.write_csv(out / "grades.csv", [(g.name, g.rows, g.note) for g in graded])
-    summary.write(out, graded)
+    summary.write(out, graded, summary.Batch(repeats, time.monotonic() - start, {name_of(s): s for s in found},
+                                             len(done)))
     if not quiet:
         for g in graded:
             if g.note:

@@ -214,7 +214,8 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
         header = (f"Edition {edition}; grader commit {grader_commit()}{regraded}; "
                   f"{repeats} run(s) per test, a test scores only if all pass; "
                   f"isolation: {isolation}; graded in {seconds:.0f} s.")
-        report.write_outputs(out, name, header, tests, rows, seconds, missing)
+        report.write_outputs(out, name, header, tests, rows, seconds, missing,
+                             report.Run(edition, grader_commit(), repeats, tuple(only or ())))
         if not quiet:
             print(f"{name}: {header}")
             for line in missing:

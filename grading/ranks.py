@@ -208,6 +208,28 @@ def _context():
     return _FORKSERVER
 
 
+def _start(p) -> None:
+    """Start a rank; from a fresh fork server if the old one refuses it. Under heavy load a fork
+    server was seen alive with its socket closed (dying, not yet reaped): every test started
+    until it was reaped failed with ConnectionRefusedError, a correct submission's included."""
+    try:
+        p.start()
+    except (ConnectionRefusedError, FileNotFoundError, EOFError, BrokenPipeError):
+        from multiprocessing import forkserver
+
+        server = forkserver._forkserver  # the one the forkserver context starts ranks from
+        if server._forkserver_pid is not None:
+            try:
+                os.kill(server._forkserver_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                server._stop()  # reaps it and forgets it: the next start launches a new one
+            except OSError:  # its socket file is gone already
+                server._forkserver_address = None
+        p.start()
+
+
 def _exit_line(rank: int, code: int | None) -> str:
     if code is not None and code < 0:
         return f"rank {rank} died ({signal.Signals(-code).name})" if -code in signal.valid_signals() \
@@ -231,7 +253,7 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
             reader, writer = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_rank_main, daemon=True,
                             args=(r, world_size, os.path.join(tmp, "store"), fn, payloads[r], writer, roots))
-            p.start()
+            _start(p)
             writer.close()
             os.set_blocking(reader.fileno(), False)
             procs.append((p, reader))

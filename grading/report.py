@@ -12,13 +12,17 @@ Gradescope's format: https://gradescope-autograders.readthedocs.io/en/latest/spe
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import json
+import platform
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from grading.problems import GRADED, POINTS
 
+VISIBILITY = "visible"  # Gradescope: students see their results at once (or "after_published", ...)
+STDOUT_VISIBILITY = "hidden"  # the console log names the grader's paths; staff read it, students read "output"
 GRADE_RECORD = "grade.json"  # every row and test, to gather a folder's grades without grading again
 
 
@@ -145,11 +149,62 @@ def table_lines(rows: list[ProblemGrade]) -> list[str]:
     return lines
 
 
-def gradescope_results(tests: list[TestGrade], seconds: float, header: str) -> dict:
+@dataclass(frozen=True)
+class Run:
+    """How a submission was graded: what a regrade must repeat."""
+
+    edition: str
+    grader_commit: str
+    repeats: int  # runs of each test
+    only: tuple[str, ...] = ()  # a regrade of just these problems; () for all
+
+    def regrade_command(self, submission: str, out: str) -> str:
+        """The one line that grades ``submission`` again as this run did."""
+        only = f' ONLY="{" ".join(self.only)}"' if self.only else ""
+        return f"make grade SUBMISSION={submission} OUT={out} EDITION={self.edition} REPEATS={self.repeats}{only}"
+
+
+def installed_version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def student_output(rows: list[ProblemGrade], run: Run | None, notes: list[str] = ()) -> str:
+    """What a student reads on Gradescope (Markdown): anything that stopped the submission from
+    importing, the score per problem, how tests score, and the parts graded by hand."""
+    auto = [r for r in rows if r.points is not None]
+    lines = [*[f"**{note}**" for note in notes], *([""] if notes else [])]
+    lines += ["| problem | tests passed | points |", "|---|---:|---:|"]
+    lines += [f"| {r.problem} | {r.passed}/{r.total} | {r.points:.1f} / {r.possible} |" for r in auto]
+    lines.append(f"| **total** | {sum(r.passed for r in auto)}/{sum(r.total for r in auto)} | "
+                 f"**{sum(r.points for r in auto):.1f} / {sum(r.possible for r in auto)}** |")
+    if run is not None:
+        repeats = "once" if run.repeats == 1 else f"{run.repeats} times"
+        lines += ["", f"Graded as the {run.edition} edition. Each test runs {repeats} and scores only if every run "
+                  "passes; a failed test below says which requirement of the handout it checks and what was "
+                  f"observed. Grader commit {run.grader_commit}: quote it in a regrade request."]
+    hand = [r for r in rows if r.points is None]
+    if hand:
+        lines += ["", "Graded by hand from your writeup, not part of this score: "
+                  + ", ".join(f"{r.problem} ({r.possible} point{'s' * (r.possible != 1)})" for r in hand) + "."]
+    return "\n".join(lines)
+
+
+def gradescope_results(tests: list[TestGrade], rows: list[ProblemGrade], seconds: float, run: Run | None,
+                       notes: list[str] = ()) -> dict:
+    """results.json in Gradescope's schema: every test with its own output; the student-facing
+    summary in ``output``; the run's facts (grader commit, torch) in ``extra_data``."""
     return {
         "score": round(sum(t.score for t in tests), 4),
         "execution_time": round(seconds, 1),
-        "output": header,
+        "output": student_output(rows, run, notes),
+        "output_format": "md",
+        "visibility": VISIBILITY,
+        "stdout_visibility": STDOUT_VISIBILITY,
+        "extra_data": {**(asdict(run) if run else {}), "torch": installed_version("torch"),
+                       "python": platform.python_version()},
         "tests": [{"name": f"{t.name} (beyond the handout, 0 points)" if t.beyond else t.name,
                    "score": round(t.score, 4), "max_score": round(t.max_score, 4),
                    "status": "passed" if t.passed else "failed", "output": t.output, "tags": [t.problem]}
@@ -184,12 +239,13 @@ def grade_markdown(name: str, header: str, rows: list[ProblemGrade], tests: list
 
 
 def write_outputs(out: Path, name: str, header: str, tests: list[TestGrade], rows: list[ProblemGrade],
-                  seconds: float, notes: list[str] = ()) -> None:
+                  seconds: float, notes: list[str] = (), run: Run | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    results = gradescope_results(tests, seconds, "\n".join([*notes, header]))
+    results = gradescope_results(tests, rows, seconds, run, list(notes))
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / "grade.md").write_text(grade_markdown(name, header, rows, tests, notes))
     record = {"name": name, "header": header, "notes": list(notes), "seconds": round(seconds, 1),
+              "run": asdict(run) if run else None,
               "rows": [asdict(r) for r in rows], "tests": [asdict(t) for t in tests]}
     (out / GRADE_RECORD).write_text(json.dumps(record, indent=1) + "\n")
 
@@ -201,14 +257,25 @@ def load_grade(out: Path) -> tuple[list[ProblemGrade], list[TestGrade], float]:
             record["seconds"])
 
 
+def load_run(out: Path) -> Run | None:
+    """How the submission recorded in ``out`` was graded; None if unknown (no record, or older)."""
+    try:
+        run = json.loads((out / GRADE_RECORD).read_text()).get("run")
+        return Run(run["edition"], run["grader_commit"], run["repeats"], tuple(run["only"])) if run else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def write_csv(path: Path, graded: list[tuple[str, list[ProblemGrade], str]]) -> None:
-    """One row per submission, one column per problem the suite graded in any of them, the total,
-    and a note saying why a submission has no grade (its job died)."""
+    """One row per submission: its edition (from its record beside ``path``, ``OUT/<name>/``),
+    one column per problem the suite graded in any of them, the total, and a note saying why a
+    submission has no grade (its job died)."""
     problems = [p for p in POINTS if any(r.problem == p and r.points is not None for _, rows, _ in graded for r in rows)]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["submission", *problems, "total", "note"])
+        writer.writerow(["submission", "edition", *problems, "total", "note"])
         for name, rows, note in graded:
             points = {r.problem: r.points for r in rows if r.points is not None}
-            writer.writerow([name, *(f"{points[p]:.2f}" if p in points else "" for p in problems),
+            run = load_run(path.parent / name)
+            writer.writerow([name, run.edition if run else "", *(f"{points[p]:.2f}" if p in points else "" for p in problems),
                              f"{sum(points.values()):.2f}" if points else "", note])

@@ -1,21 +1,38 @@
-"""What course staff read first after grading a folder: per problem, how many submissions got
-full, partial and no points, the most common reasons for losing them, and the distribution.
+"""What course staff read first after grading a folder: who got what, what failed and why.
 
-``OUT/summary.md`` and ``OUT/summary.png``. Reasons are grouped by their one line with the
-numbers taken out (``rank 1, step 2: … by 0.031`` and ``rank 0, step 1: … by 0.02`` are one
-reason), each counted once per submission, shown with one example.
+``OUT/summary.md``: the run (grader commit, ``REPEATS``, wall time); a roster (each submission's
+edition, total, a link to its ``grade.md`` and the one line that regrades it); per edition, how
+many submissions got full, partial and no points on each problem, with the median; every test
+that some submission failed, with how many and which; and per problem the most common reasons
+for lost points. Reasons are grouped by their one line with the numbers taken out
+(``rank 1, step 2: … by 0.031`` and ``rank 0, step 1: … by 0.02`` are one reason), each counted
+once per submission, shown with one example. ``OUT/summary.png``: per problem, how many
+submissions got each score that occurs.
 """
 
 from __future__ import annotations
 
 import re
-from collections import Counter
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from grading.harness import Graded
+from grading import report
+from grading.harness import Graded, grader_commit
 
 NUMBER = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")
 MOST_COMMON = 5
+NAMED = 10  # submissions named per failed test; the rest are counted
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One grading of a folder: what the summary says about the run itself."""
+
+    repeats: int
+    wall_s: float
+    sources: dict[str, Path] = field(default_factory=dict)  # submission name -> the checkout or zip graded
+    skipped: int = 0  # graded by an earlier run (a rerun without REGRADE)
 
 
 def reason_key(output: str) -> str:
@@ -23,37 +40,112 @@ def reason_key(output: str) -> str:
     return NUMBER.sub("N", output.split(" [checks:")[0]).strip()
 
 
-def write(out: Path, graded: list[Graded]) -> None:
-    problems = list(dict.fromkeys(r.problem for g in graded for r in g.rows if r.points is not None))
+def _total(g: Graded) -> tuple[float, int]:
+    auto = [r for r in g.rows if r.points is not None]
+    return sum(r.points for r in auto), sum(r.possible for r in auto)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def write(out: Path, graded: list[Graded], batch: Batch | None = None) -> None:
+    runs = {g.name: report.load_run(out / g.name) for g in graded}
+    editions = {name: run.edition if run else "unknown" for name, run in runs.items()}
     lines = [f"# Summary of {len(graded)} submissions", ""]
+    lines += [_run_line(batch, runs), ""]
     died = [g for g in graded if g.note]
     if died:
         lines += [f"{len(died)} not graded (their job died): " + ", ".join(g.name for g in died), ""]
-    lines += ["| problem | points | full | partial | none | median |", "|---|---:|---:|---:|---:|---:|"]
-    scores: dict[str, list[float]] = {}
+    lines += _roster(out, graded, runs, batch)
+    scores: dict[str, list[float]] = defaultdict(list)
+    for edition in sorted(set(editions[g.name] for g in graded if not g.note)):
+        mine = [g for g in graded if editions[g.name] == edition and not g.note]
+        lines += ["", f"## Edition {edition}: {len(mine)} submission{'s' * (len(mine) != 1)}", ""]
+        lines += _problem_table(mine, scores)
+    lines += _failed_tests(graded)
+    problems = list(dict.fromkeys(r.problem for g in graded for r in g.rows if r.points is not None))
+    for problem in problems:
+        lines += _reasons(graded, problem)
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    possible = {r.problem: r.possible for g in graded for r in g.rows}
+    shown = {p: sorted({editions[g.name] for g in graded for r in g.rows if r.problem == p and r.points is not None})
+             for p in scores}
+    _figure(out / "summary.png", scores, possible, shown)
+
+
+def _run_line(batch: Batch | None, runs: dict[str, report.Run | None]) -> str:
+    """The grader commit(s), REPEATS and wall time of the run that wrote this summary."""
+    commits = sorted({run.grader_commit for run in runs.values() if run}) or [grader_commit()]
+    parts = [f"Grader commit {', '.join(commits)}"]
+    if batch is not None:
+        parts.append(f"REPEATS={batch.repeats} (runs of each test; a test scores only if all pass)")
+        parts.append(f"wall time {_minutes(batch.wall_s)}")
+        if batch.skipped:
+            parts.append(f"{batch.skipped} graded by an earlier run and kept (REGRADE=1 grades them again)")
+    return "; ".join(parts) + "."
+
+
+def _roster(out: Path, graded: list[Graded], runs: dict[str, report.Run | None], batch: Batch | None) -> list[str]:
+    lines = ["## Roster", "", "| submission | edition | total | grade | regrade |", "|---|---|---:|---|---|"]
+    for g in graded:
+        run = runs[g.name]
+        if g.note:
+            lines.append(f"| {_cell(g.name)} |  |  | {_cell(g.note)} |  |")
+            continue
+        earned, possible = _total(g)
+        source = (batch.sources.get(g.name) if batch else None) or Path("<folder>") / g.name
+        command = run.regrade_command(str(source), str(out / g.name)) if run else ""
+        lines.append(f"| {_cell(g.name)} | {run.edition if run else ''} | {earned:.1f} / {possible} | "
+                     f"[grade.md]({g.name}/grade.md) | {f'`{command}`' if command else ''} |")
+    return lines
+
+
+def _problem_table(graded: list[Graded], scores: dict[str, list[float]]) -> list[str]:
+    lines = ["| problem | points | full | partial | none | median |", "|---|---:|---:|---:|---:|---:|"]
+    problems = list(dict.fromkeys(r.problem for g in graded for r in g.rows if r.points is not None))
     for problem in problems:
         rows = [r for g in graded for r in g.rows if r.problem == problem and r.points is not None]
         possible = rows[0].possible
-        scores[problem] = sorted(r.points for r in rows)
+        points = sorted(r.points for r in rows)
+        scores[problem] += points
         full = sum(r.points >= possible for r in rows)
         none = sum(r.points == 0 for r in rows)
-        median = scores[problem][len(rows) // 2]
-        lines.append(f"| {problem} | {possible} | {full} | {len(rows) - full - none} | {none} | {median:g} |")
-    for problem in problems:
-        reasons: Counter[str] = Counter()
-        example: dict[str, str] = {}
-        for g in graded:
-            keys = {reason_key(t.output): t.output for t in g.tests if t.problem == problem and not t.passed
-                    and not t.beyond}
-            reasons.update(keys.keys())
-            for key, output in keys.items():
-                example.setdefault(key, f"{g.name}: {output.split(' [checks:')[0]}")
-        if reasons:
-            lines += ["", f"## {problem}: most common reasons for lost points", "",
-                      "| submissions | reason (one example) |", "|---:|---|"]
-            lines += [f"| {n} | {_cell(example[key])} |" for key, n in reasons.most_common(MOST_COMMON)]
-    (out / "summary.md").write_text("\n".join(lines) + "\n")
-    _figure(out / "summary.png", scores, {r.problem: r.possible for g in graded for r in g.rows})
+        lines.append(f"| {problem} | {possible} | {full} | {len(rows) - full - none} | {none} | "
+                     f"{points[len(rows) // 2]:g} |")
+    return lines
+
+
+def _failed_tests(graded: list[Graded]) -> list[str]:
+    """Every graded test some submission failed: how many, and which (the first NAMED)."""
+    failed: dict[str, list[str]] = defaultdict(list)
+    for g in graded:
+        for t in g.tests:
+            if not t.passed and not t.beyond:
+                failed[t.name].append(g.name)
+    if not failed:
+        return []
+    lines = ["", "## Failed tests", "", "| test | submissions | which |", "|---|---:|---|"]
+    for test, names in sorted(failed.items(), key=lambda item: (-len(item[1]), item[0])):
+        which = ", ".join(names[:NAMED]) + (f" and {len(names) - NAMED} more" if len(names) > NAMED else "")
+        lines.append(f"| `{_cell(test)}` | {len(names)} | {_cell(which)} |")
+    return lines
+
+
+def _reasons(graded: list[Graded], problem: str) -> list[str]:
+    reasons: Counter[str] = Counter()
+    example: dict[str, str] = {}
+    for g in graded:
+        keys = {reason_key(t.output): t.output for t in g.tests if t.problem == problem and not t.passed
+                and not t.beyond}
+        reasons.update(keys.keys())
+        for key, output in keys.items():
+            example.setdefault(key, f"{g.name}: {output.split(' [checks:')[0]}")
+    if not reasons:
+        return []
+    lines = ["", f"## {problem}: most common reasons for lost points", "",
+             "| submissions | reason (one example) |", "|---:|---|"]
+    return lines + [f"| {n} | {_cell(example[key])} |" for key, n in reasons.most_common(MOST_COMMON)]
 
 
 def _cell(text: str) -> str:
@@ -61,19 +153,29 @@ def _cell(text: str) -> str:
     return text[:300].replace("|", "\\|")
 
 
-def _figure(path: Path, scores: dict[str, list[float]], possible: dict[str, int]) -> None:
+def _figure(path: Path, scores: dict[str, list[float]], possible: dict[str, int],
+            editions: dict[str, list[str]]) -> None:
+    """One bar per score that occurs (the count of submissions with it), per problem."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     if not scores:
         scores = {"no graded problem": []}
-    fig, axes = plt.subplots(1, len(scores), figsize=(3.2 * len(scores), 2.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(scores), figsize=(3.4 * len(scores), 2.8), squeeze=False)
     for ax, (problem, values) in zip(axes[0], scores.items()):
         top = possible.get(problem, 1)
-        ax.hist(values, bins=min(10, max(1, len(values))), range=(0, top), color="#4c72b0")
-        ax.set_title(problem.replace("_", " "), fontsize=8)
+        counts = Counter(values)
+        xs = sorted(counts)
+        ax.bar(xs, [counts[x] for x in xs], width=max(top / 40, 0.2), color="#4c72b0")
+        ax.set_xlim(-top * 0.05, top * 1.05)
+        ax.set_xticks(xs, [f"{x:g}" for x in xs], fontsize=7, rotation=90 if len(xs) > 6 else 0)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        shown = editions.get(problem, [])
+        ax.set_title(f"{problem.replace('_', ' ')}\nn = {len(values)}, edition{'s' * (len(shown) > 1)} "
+                     f"{', '.join(shown) or 'none'}", fontsize=8)
         ax.set_xlabel(f"points (of {top})", fontsize=8)
         ax.set_ylabel("submissions", fontsize=8)
         ax.tick_params(labelsize=7)

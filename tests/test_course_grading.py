@@ -1,7 +1,8 @@
 """Grading a whole course: the Gradescope package, a folder through submitit, reruns, the summary.
 
-The autograder zip is unpacked into a scratch root and its ``run_autograder`` run there (with this
-environment's Python: its ``setup.sh`` needs PyTorch's CPU index); a folder is graded in process
+The autograder zip is laid out in a scratch root as Gradescope lays it out, and the copy of
+``run_autograder`` at that root is started from it with an interpreter that has the locked
+packages but no path to this repository (``setup.sh`` itself needs PyTorch's CPU index); a folder is graded in process
 and through submitit's local executor, and the two ``grades.csv`` must be equal. Each grading
 selects a few quick tests (``only``, ``select``) to keep ``make test`` short.
 """
@@ -9,18 +10,21 @@ selects a few quick tests (``only``, ``select``) to keep ``make test`` short.
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import json
 import os
 import shutil
 import stat
 import subprocess
 import sys
+import tomllib
+import venv
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from grading.autograder import build
+from grading.autograder import ROOT, build
 from grading.course import grade_folder
 from grading.harness import grade
 from tests.test_grading import QUICK, ZERO, assert_gradescope_schema, make_submission
@@ -40,27 +44,82 @@ def test_autograder_zip_has_what_gradescope_runs(tmp_path):
     packages = {line.split("==")[0] for line in wanted}
     assert {"pytest", "numpy", "pandas", "triton"} <= packages
     assert not [p for p in packages if p == "torch" or p.startswith(("nvidia-", "cuda-"))]
-    assert "download.pytorch.org/whl/cpu" in setup and '"torch<=2.' in setup
+    locked = next(p for p in tomllib.loads((ROOT / "uv.lock").read_text())["package"] if p["name"] == "torch")["version"]
+    assert "download.pytorch.org/whl/cpu" in setup and f'"torch=={locked}"' in setup
 
 
-@pytest.mark.parametrize("stub", [False, True], ids=["correct", "stub"])
-def test_run_autograder_grades_as_make_grade_does(tmp_path, stub):
+def gradescope_root(tmp_path: Path) -> Path:
+    """A scratch ``/autograder`` as Gradescope lays it out once ``setup.sh`` has run: the zip in
+    ``source/``, ``run_autograder`` copied to the root, and ``venv/`` with the locked packages but
+    no path to this repository (``setup.sh`` itself needs PyTorch's CPU index): a venv of the base
+    interpreter whose site-packages links every entry of this environment's, but the editable
+    install of this project (its ``.pth`` and metadata)."""
     root = tmp_path / "autograder"
     with zipfile.ZipFile(build(tmp_path / "autograder.zip")) as z:
         z.extractall(root / "source")
-    os.chmod(root / "source" / "run_autograder", 0o755)
-    tree = make_submission(tmp_path, stub=stub)
-    shutil.copytree(tree, root / "submission")
-    env = {**os.environ, "AUTOGRADER_ROOT": str(root), "GRADING_PYTHON": sys.executable, "REPEATS": "1"}
-    subprocess.run([str(root / "source" / "run_autograder")], env=env, check=True, capture_output=True, timeout=300)
-    theirs = json.loads((root / "results" / "results.json").read_text())
-    assert_gradescope_schema(theirs)
-    ours = grade(tree, tmp_path / "ours", 1, quiet=True)
+    for script in ("setup.sh", "run_autograder"):
+        os.chmod(root / "source" / script, 0o755)
+    shutil.copy2(root / "source" / "run_autograder", root / "run_autograder")
+    venv.create(root / "venv", with_pip=False, symlinks=True)
+    python = root / "venv" / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import site; print(site.getsitepackages()[0])"], capture_output=True,
+                               text=True, check=True).stdout.strip())
+    locked = next(p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "torch").is_dir())
+    project = ("cs336_systems", "_cs336_systems", "__editable__")
+    for entry in locked.iterdir():
+        if not entry.name.startswith(project) and entry.name != "__pycache__":
+            (site / entry.name).symlink_to(entry)
+    probe = subprocess.run([python, "-c", "import torch, pytest\nfor name in ('grading', 'cs336_systems', 'cs336_basics'):\n"
+                            "    try:\n        __import__(name)\n    except ImportError:\n        continue\n"
+                            "    raise SystemExit(name + ' is importable')"],
+                           cwd=root, capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    assert probe.returncode == 0, probe.stderr or probe.stdout
+    return root
+
+
+def run_autograder(root: Path, submission: Path, **env: str) -> dict:
+    """Gradescope's run: the submission in ROOT/submission, ROOT/run_autograder started from ROOT."""
+    shutil.rmtree(root / "submission", ignore_errors=True)
+    shutil.rmtree(root / "results", ignore_errors=True)
+    shutil.copytree(submission, root / "submission")
+    done = subprocess.run(["./run_autograder"], cwd=root, capture_output=True, text=True, timeout=300,
+                          env={"PATH": os.environ["PATH"], "HOME": str(root), **env})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads((root / "results" / "results.json").read_text())
+
+
+def test_run_autograder_grades_in_gradescopes_layout_as_make_grade_does(tmp_path):
+    """The correct fixture gets every point and the stub none, with the tests and points that
+    ``grade()`` (``make grade``) gives the same trees; results.json names the grader's commit
+    and torch's version."""
+    root = gradescope_root(tmp_path)
+    stub = make_submission(tmp_path, stub=True)
+    ours = grade(stub, tmp_path / "ours", 1, quiet=True)
     mine = json.loads((tmp_path / "ours" / "results.json").read_text())
-    assert [(t["name"], t["max_score"]) for t in theirs["tests"]] == [(t["name"], t["max_score"]) for t in mine["tests"]]
-    assert theirs["score"] == mine["score"] == sum(t.score for t in ours.tests)
-    assert (theirs["score"] == 0) == stub
-    assert "grader commit" in theirs["output"]
+    for tree, full in ((make_submission(tmp_path), True), (stub, False)):
+        theirs = run_autograder(root, tree, REPEATS="1")
+        assert_gradescope_schema(theirs)
+        assert [(t["name"], t["max_score"]) for t in theirs["tests"]] == [(t["name"], t["max_score"]) for t in mine["tests"]]
+        possible = sum(t["max_score"] for t in theirs["tests"])
+        if full:
+            failed = [(t["name"], t["output"]) for t in theirs["tests"] if t["status"] != "passed"]
+            assert theirs["score"] == pytest.approx(possible) and not failed, failed
+        else:
+            assert theirs["score"] == mine["score"] == sum(t.score for t in ours.tests) == 0
+        assert theirs["extra_data"]["torch"] == importlib.metadata.version("torch")
+        assert theirs["extra_data"]["grader_commit"] == (root / "source" / "grading" / "COMMIT").read_text().strip()
+
+
+def test_setup_stops_with_one_line_when_the_index_cannot_be_reached(tmp_path):
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(build(tmp_path / "autograder.zip")) as z:
+        z.extractall(root / "source")
+    done = subprocess.run(["bash", "setup.sh"], cwd=root / "source", capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "TORCH_INDEX_URL": "http://127.0.0.1:9/whl/cpu"})
+    assert done.returncode == 1 and not (root / "venv").exists()
+    assert done.stderr.strip().splitlines() == [
+        "setup.sh: PyTorch's CPU index http://127.0.0.1:9/whl/cpu/torch/ cannot be reached (no network while the "
+        "image builds?); set TORCH_INDEX_URL to a mirror"]
 
 
 def _folder(tmp_path: Path) -> Path:
