@@ -126,17 +126,16 @@ class Containment:
         not enter is covered too, so that the student uid reaches what it needs)."""
         python = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
                   *sysconfig.get_paths().values(), *site.getsitepackages()]
-        keep_real = sorted({os.path.realpath(p) for p in [*keep, *python] if os.path.exists(p)})
-        closed = sorted({a for p in keep_real for a in _closed_ancestors(p)})
         if self.student:
-            if closed and not self.namespaces:
-                raise ContainmentError(f"the student uid cannot enter {closed[0]} (on the way to Python or its "
-                                       "packages): install them where any user can read them, or grade with "
-                                       "namespaces")
             for folder in writable:
                 student.give(folder, self.student.uid)
             os.chmod(scratch, 0o711)
             os.chmod(out, 0o700)
+        keep_real = sorted({os.path.realpath(p) for p in [*keep, *python] if os.path.exists(p)})
+        closed = sorted({a for p in keep_real for a in _closed_ancestors(p)})
+        if self.student and closed and not self.namespaces:
+            raise ContainmentError(f"the student uid cannot enter {closed[0]} (on the way to Python or its "
+                                   "packages): install them where any user can read them, or grade with namespaces")
         return {"GRADING_RANK_HIDDEN": os.pathsep.join([*(os.path.realpath(p) for p in hidden), *closed]),
                 "GRADING_RANK_KEEP": os.pathsep.join(keep_real)}
 
