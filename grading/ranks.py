@@ -2,18 +2,22 @@
 
 Each test starts ``world_size`` processes from a fork server that imported torch and the
 suite's rank-side code (``grading.training``) but never the submission (a fresh interpreter per
-rank costs seconds; a fork, milliseconds). A rank first gives up every capability it has and
-could regain (``confine``), puts the submission's folders on ``sys.path`` *after* the standard
-library and site-packages, joins a gloo group through a file store, runs a rank function on
-the data the grader sent, and writes its report to a pipe of its own in ``grading.wire``'s
-format, then leaves without finalizing the interpreter (gloo's teardown can abort a rank that
-finished its work; the report is sent by then).
+rank costs seconds; a fork, milliseconds). The fork server confines itself before it imports
+anything (rank_server.py: as root, the student uid; no capability; with namespaces, the ranks'
+own view of the file systems); its socket lies in the grader's private folder, never in the
+ranks' TMPDIR. A rank confines itself again (``confine``), puts the submission's folders on
+``sys.path`` *after* the standard library and site-packages, joins a gloo group through a file
+store in its own TMPDIR, runs a rank function on the data the grader sent, and writes its report
+to a pipe of its own in ``grading.wire``'s format, then leaves without finalizing the
+interpreter (gloo's teardown can abort a rank that finished its work; the report is sent by
+then).
 
 The grader process (pytest) never imports the submission, reads reports without unpickling
 them, and decides: it waits until a deadline, and a rank that raised, died, left without a
 report or hung fails the test with a one-line reason (``file:line: what``). A rank holds no
 descriptor of the grader's but its own pipe: the fork server starts from a clean exec, and its
-children close what it holds.
+children close what it holds; multiprocessing's resource tracker is never started (see
+``_context``).
 """
 
 from __future__ import annotations

@@ -47,20 +47,25 @@ def can_switch() -> bool:
 
 def claim() -> Student:
     """A uid no account, file lock or running process holds; held until ``release``."""
-    LOCKS.mkdir(mode=0o700, exist_ok=True)
-    os.chown(LOCKS, 0, 0, follow_symlinks=False)
-    os.chmod(LOCKS, 0o700, follow_symlinks=False)
-    for _ in range(100):
-        uid = FIRST_UID + random.randrange(UIDS)
-        fd = os.open(LOCKS / str(uid), os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+    with contextlib.suppress(FileExistsError):
+        LOCKS.mkdir(mode=0o700)
+    folder = os.open(LOCKS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # never a link someone left there
+    try:
+        os.fchown(folder, 0, 0)
+        os.fchmod(folder, 0o700)
+        for _ in range(100):
+            uid = FIRST_UID + random.randrange(UIDS)
+            fd = os.open(str(uid), os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600, dir_fd=folder)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if not _account(uid) and not processes(uid):
+                return Student(uid, fd)
             os.close(fd)
-            continue
-        if not _account(uid) and not processes(uid):
-            return Student(uid, fd)
-        os.close(fd)
+    finally:
+        os.close(folder)
     raise RuntimeError("no free uid to run the submission as")
 
 

@@ -70,8 +70,8 @@ if _ctypes.CDLL(None, use_errno=True).mount(None, b"/", None, 32, None) == 0:  #
     _done.append("remounted /")
 _stub = "def get_ddp_individual_parameters(*a, **k):\\n    raise NotImplementedError\\n"
 for _path in {victims!r} + _glob.glob("/tmp/grade-*/submission/**/adapters.py", recursive=True):
-    if {own!r} in _path:
-        continue
+    if _os.path.realpath(_path).startswith(_os.path.realpath(_os.getcwd()) + "/"):
+        continue  # its own scratch copy
     try:
         with open(_path, "w") as _f:
             _f.write(_stub)
@@ -170,7 +170,7 @@ def hostile(folder: Path, kind: str, name: str, **paths) -> Path:
     attack = {
         "forkserver": lambda: FORGE + FORKSERVER.format(payload=FORGE + "\n_forge()\nopen(%r, 'w').write('escaped')\n"
                                                 % str(paths["canary"])),
-        "others": lambda: OTHERS.format(victims=[str(p) for p in paths["victims"]], own=f"/{name}/",
+        "others": lambda: OTHERS.format(victims=[str(p) for p in paths["victims"]],
                                         outputs=[str(p) for p in paths["outputs"]]),
         "daemon": lambda: DAEMON.format(paths=[str(p) for p in paths["outputs"]], marker=paths["marker"]),
         "host": lambda: HOST.format(marker=paths["marker"], dev_canary=str(paths["dev_canary"])),
