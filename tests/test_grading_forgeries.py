@@ -111,7 +111,8 @@ def test_a_forged_stub_scores_zero(tmp_path, trick, reason):
     assert points(graded, ZERO) == 0, [t.output for t in graded.tests]
     assert all(t.runs == 1 for t in graded.tests), "a forged outcome reached the harness"
     assert all(reason in line for line in failures(graded, ZERO)), failures(graded, ZERO)
-    assert graded.seconds < 40  # no trick costs a timeout
+    assert not any("timed out" in t.output for t in graded.tests)  # no trick costs a timeout
+    assert graded.seconds < QUICK.submission_timeout_s
 
 
 def test_a_patched_comparison_earns_what_the_wrong_solution_earns(tmp_path):
