@@ -14,9 +14,12 @@ It never imports this repository's ``cs336_systems``: a submission brings its ow
 * suite/         the hidden-style tests, one file per problem, each naming the handout's requirement
 * plugin.py      pytest plugin: repeats, each outcome to the harness over a pipe
 * report.py      scoring (also make test's), results.json (Gradescope's schema), grade.md, grades.csv
-* sandbox.py     the first process of a run: not dumpable, namespaces, read-only file systems
-* harness.py     grading a checkout or zip: scratch copy, sandbox, limits, clean-up
-* course.py      a folder of submissions, here or one job each through submitit; reruns
+* sandbox.py     the first process of a run (not dumpable), and the ranks' view of the file systems
+* rank_server.py the fork server's first act: as privileged as a rank, no more
+* student.py     as root: a uid of its own per submission; every process of it killed, its files removed
+* containment.py the three ways a run is contained (root, namespaces, neither) and its end
+* harness.py     grading a checkout or zip: scratch copy, containment, limits, results once all is gone
+* course.py      a folder of submissions, here or one job each through submitit; reruns; output names
 * summary.py     a folder's summary.md and summary.png
 * autograder.py  ``make autograder``: the Gradescope package
 * __main__.py    ``python -m grading`` (``make grade``)

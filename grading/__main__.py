@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from grading.course import EXECUTORS, grade_folder
+from grading.course import EXECUTORS, grade_folder, safe_name
 from grading.harness import Limits, grade
 from grading.problems import GRADED
 
@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                      executor=args.executor, partition=args.partition, regrade=args.regrade)
     else:
         name = args.submission.resolve().name.removesuffix(".zip")
-        grade(args.submission, args.out or Path("grades") / name, args.repeats, args.edition, limits, only=only)
+        grade(args.submission, args.out or Path("grades") / safe_name(name), args.repeats, args.edition, limits,
+              only=only)
     return 0
 
 

@@ -9,22 +9,37 @@ Each submission is graded by ``harness.grade``, contained exactly as when graded
 
 Every result is gathered into ``OUT/grades.csv`` (one row per submission; a submission whose job
 died gets a row whose note says why), ``OUT/summary.md`` and ``OUT/summary.png`` (summary.py).
-A rerun skips submissions whose ``grade.json`` is there, unless ``regrade``.
+A rerun skips submissions whose ``grade.json`` is there and carries this OUT's signature (an HMAC
+under ``OUT/.grading-key``, a key no submission sees), unless ``regrade``.
+
+Output folders are named after the submission, made safe (``output_names``): letters, digits,
+``._-`` and nothing that starts with a dot; a name OUT's own files use (grades.csv, summary.md,
+summary.png, jobs) or another submission's (``alice/`` and ``alice.zip``) is renamed, with a line.
+As root, the folder of submissions and OUT are made private to root (0700), with a line: the
+student uid that runs a submission's code must not read the others.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import os
+import re
 import shutil
 import time
+from collections import Counter
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tqdm import tqdm
 
-from grading import report, summary
+from grading import report, student, summary
 from grading.harness import Graded, Limits, grade
 
 EXECUTORS = ("inprocess", "local", "slurm")
+KEY_FILE, SIGNATURE = ".grading-key", "grade.sig"
+RESERVED = {"grades.csv", "summary.md", "summary.png", "jobs"}  # OUT's own files and folders
 
 
 def submissions(folder: Path) -> list[Path]:
@@ -35,19 +50,80 @@ def name_of(submission: Path) -> str:
     return submission.name.removesuffix(".zip")
 
 
+def safe_name(name: str) -> str:
+    """``name`` as one harmless path component: ``[A-Za-z0-9._-]`` only, never starting with a dot."""
+    clean = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:100]
+    return clean if clean and not clean.startswith(".") else f"_{clean}"
+
+
+def output_names(found: list[Path]) -> tuple[dict[Path, str], list[str]]:
+    """Each submission's output folder name, all distinct; a line for each that is not its own name."""
+    bases = {s: safe_name(name_of(s)) for s in found}
+    shared = Counter(b.lower() for b in bases.values())
+    names: dict[Path, str] = {}
+    lines, taken = [], set()
+    for submission in found:
+        name, why = bases[submission], "" if bases[submission] == name_of(submission) else "made safe"
+        if shared[name.lower()] > 1 and submission.suffix == ".zip":
+            name, why = safe_name(submission.name), "another submission's name"
+        if name.lower() in RESERVED:
+            name, why = f"{name}.submission", "a name of OUT's own files"
+        base, n = name, 2
+        while name.lower() in taken:
+            name, n, why = f"{base}-{n}", n + 1, "another submission's name"
+        taken.add(name.lower())
+        names[submission] = name
+        if why:
+            lines.append(f"{submission.name}: graded into {name}/ ({why})")
+    return names, lines
+
+
+def _key(out: Path) -> bytes:
+    """This OUT's signing key, made once (readable by the grader's user alone)."""
+    path = out / KEY_FILE
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32).hex().encode())
+    except FileExistsError:
+        pass
+    return path.read_bytes().strip()
+
+
+def _signature(key: bytes, folder: Path) -> str:
+    return hmac.new(key, (folder / report.GRADE_RECORD).read_bytes(), hashlib.sha256).hexdigest()
+
+
+def _sign(key: bytes, folder: Path) -> None:
+    try:
+        (folder / SIGNATURE).write_text(_signature(key, folder) + "\n")
+    except OSError:
+        pass  # nothing recorded: graded again next time
+
+
+def _private(folder: Path, quiet: bool) -> None:
+    if student.can_switch() and folder.stat().st_mode & 0o077:
+        os.chmod(folder, 0o700)
+        if not quiet:
+            print(f"{folder}: made private to root (mode 0700): a submission's uid must not read it")
+
+
 def grade_one(submission: Path, out: Path, repeats: int, edition: str | None, limits: Limits,
               only: tuple[str, ...] | None, select: str | None) -> Graded:
     """One submission, as a job runs it (module level: submitit pickles it by name)."""
     return grade(submission, out, repeats, edition, limits, quiet=True, only=only, select=select)
 
 
-def _already(submission: Path, out: Path) -> Graded | None:
-    folder = out / name_of(submission)
+def _already(folder: Path, key: bytes) -> Graded | None:
+    """The grade recorded in ``folder`` if this OUT signed it, else None (grade again)."""
     try:
+        signed = (folder / SIGNATURE).read_text().strip()
+        if not hmac.compare_digest(signed, _signature(key, folder)):
+            return None
         rows, tests, seconds = report.load_grade(folder)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return Graded(name_of(submission), rows, tests, seconds)
+    return Graded(folder.name, rows, tests, seconds)
 
 
 def _died(submission: Path, error: BaseException, seconds: float) -> Graded:
@@ -67,15 +143,25 @@ def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, lim
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     start = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
+    for private in (folder, out):
+        _private(private, quiet)
+    key = _key(out)
     found = submissions(folder)
-    done = {} if regrade else {s: g for s in found if (g := _already(s, out)) is not None}
+    names, lines = output_names(found)
+    for line in [] if quiet else lines:
+        print(line)
+    done = {} if regrade else {s: g for s in found if (g := _already(out / names[s], key)) is not None}
     todo = [s for s in found if s not in done]
     args = (repeats, edition, limits, only, select)
     with tqdm(total=len(todo), desc="grading", unit="submission", disable=quiet or not todo) as bar:
         if executor == "inprocess":
-            fresh = _in_process(todo, out, args, jobs, bar)
+            fresh = _in_process(todo, out, names, args, jobs, bar)
         else:
-            fresh = _through_submitit(todo, out, args, jobs, bar, executor, partition, limits)
+            fresh = _through_submitit(todo, out, names, args, jobs, bar, executor, partition, limits)
+    for s, g in fresh.items():
+        fresh[s] = replace(g, name=names[s])
+        if not g.note:
+            _sign(key, out / names[s])
     graded = [done.get(s) or fresh[s] for s in found]
     report.write_csv(out / "grades.csv", [(g.name, g.rows, g.note) for g in graded])
     summary.write(out, graded, summary.Batch(repeats, time.monotonic() - start, {name_of(s): s for s in found},
@@ -93,13 +179,14 @@ def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, lim
     return graded
 
 
-def _in_process(todo: list[Path], out: Path, args: tuple, jobs: int, bar: tqdm) -> dict[Path, Graded]:
+def _in_process(todo: list[Path], out: Path, names: dict[Path, str], args: tuple, jobs: int,
+                bar: tqdm) -> dict[Path, Graded]:
     results: dict[Path, Graded] = {}
 
     def one(submission: Path) -> None:
         start = time.monotonic()
         try:
-            results[submission] = grade_one(submission, out / name_of(submission), *args)
+            results[submission] = grade_one(submission, out / names[submission], *args)
         except Exception as e:  # noqa: BLE001 - a row that says why, not a lost folder
             results[submission] = _died(submission, e, time.monotonic() - start)
         bar.update()
@@ -109,8 +196,8 @@ def _in_process(todo: list[Path], out: Path, args: tuple, jobs: int, bar: tqdm) 
     return results
 
 
-def _through_submitit(todo: list[Path], out: Path, args: tuple, jobs: int, bar: tqdm, executor: str,
-                      partition: str | None, limits: Limits) -> dict[Path, Graded]:
+def _through_submitit(todo: list[Path], out: Path, names: dict[Path, str], args: tuple, jobs: int, bar: tqdm,
+                      executor: str, partition: str | None, limits: Limits) -> dict[Path, Graded]:
     """One submitit job per submission, at most ``jobs`` running at once (SLURM: an array)."""
     import submitit
 
@@ -127,13 +214,13 @@ def _through_submitit(todo: list[Path], out: Path, args: tuple, jobs: int, bar: 
     started = dict.fromkeys(todo, time.monotonic())
     if executor == "slurm":  # one array; SLURM keeps at most `jobs` of its tasks running
         with ex.batch():
-            running = [(s, ex.submit(grade_one, s, out / name_of(s), *args)) for s in waiting]
+            running = [(s, ex.submit(grade_one, s, out / names[s], *args)) for s in waiting]
         waiting = []
     while waiting or running:
         while waiting and len(running) < max(1, jobs):
             submission = waiting.pop(0)
             started[submission] = time.monotonic()
-            running.append((submission, ex.submit(grade_one, submission, out / name_of(submission), *args)))
+            running.append((submission, ex.submit(grade_one, submission, out / names[submission], *args)))
         for submission, job in [r for r in running if r[1].done()]:
             running.remove((submission, job))
             try:

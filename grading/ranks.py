@@ -2,18 +2,22 @@
 
 Each test starts ``world_size`` processes from a fork server that imported torch and the
 suite's rank-side code (``grading.training``) but never the submission (a fresh interpreter per
-rank costs seconds; a fork, milliseconds). A rank first gives up every capability it has and
-could regain (``confine``), puts the submission's folders on ``sys.path`` *after* the standard
-library and site-packages, joins a gloo group through a file store, runs a rank function on
-the data the grader sent, and writes its report to a pipe of its own in ``grading.wire``'s
-format, then leaves without finalizing the interpreter (gloo's teardown can abort a rank that
-finished its work; the report is sent by then).
+rank costs seconds; a fork, milliseconds). The fork server confines itself before it imports
+anything (rank_server.py: as root, the student uid; no capability; with namespaces, the ranks'
+own view of the file systems); its socket lies in the grader's private folder, never in the
+ranks' TMPDIR. A rank confines itself again (``confine``), puts the submission's folders on
+``sys.path`` *after* the standard library and site-packages, joins a gloo group through a file
+store in its own TMPDIR, runs a rank function on the data the grader sent, and writes its report
+to a pipe of its own in ``grading.wire``'s format, then leaves without finalizing the
+interpreter (gloo's teardown can abort a rank that finished its work; the report is sent by
+then).
 
 The grader process (pytest) never imports the submission, reads reports without unpickling
 them, and decides: it waits until a deadline, and a rank that raised, died, left without a
 report or hung fails the test with a one-line reason (``file:line: what``). A rank holds no
 descriptor of the grader's but its own pipe: the fork server starts from a clean exec, and its
-children close what it holds.
+children close what it holds; multiprocessing's resource tracker is never started (see
+``_context``).
 """
 
 from __future__ import annotations
@@ -94,6 +98,14 @@ def one_line(exc: BaseException, roots: list[str] | None = None) -> str:
     return f"{where}: {what}" if where else what
 
 
+def drop_bounding_set() -> None:
+    """Drop every capability from the bounding set (needs CAP_SETPCAP; without it, there is nothing to drop)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        for cap in range(64):
+            libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
+
+
 def confine() -> None:
     """Give up every capability this process has, and the means to regain one.
 
@@ -105,11 +117,10 @@ def confine() -> None:
         return
     not_dumpable()  # its peers cannot open its report pipe through /proc either
     libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_no_new_privs, pr_capbset_drop, pr_set_securebits, pr_cap_ambient = 38, 24, 28, 47
+    pr_set_no_new_privs, pr_set_securebits, pr_cap_ambient = 38, 28, 47
     libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)
     libc.prctl(pr_cap_ambient, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-    for cap in range(64):
-        libc.prctl(pr_capbset_drop, cap, 0, 0, 0)  # needs CAP_SETPCAP; without it, there is nothing to drop
+    drop_bounding_set()
     # SECBIT_NOROOT, its lock, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE and its lock
     libc.prctl(pr_set_securebits, 0x01 | 0x02 | 0x20 | 0x40 | 0x80, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
@@ -200,11 +211,20 @@ _FORKSERVER: Any = None
 
 
 def _context():
-    """The fork server, started once per grader process with torch and the rank-side code loaded."""
+    """The fork server, started once per grader process with torch and the rank-side code loaded.
+
+    It confines itself first (rank_server.py: its first preload). multiprocessing's resource
+    tracker, a helper that unlinks what its pipe names and whose pipe every rank would inherit,
+    is never started: its descriptor is ``/dev/null``, and a rank's semaphores die with its
+    namespace or its uid's files (student.remove_files)."""
     global _FORKSERVER
     if _FORKSERVER is None:
+        from multiprocessing import resource_tracker
+
+        resource_tracker._resource_tracker._fd = os.open(os.devnull, os.O_WRONLY)
         _FORKSERVER = mp.get_context("forkserver")
-        _FORKSERVER.set_forkserver_preload(["torch", "torch._dynamo", "torch.distributed", "grading.training"])
+        _FORKSERVER.set_forkserver_preload(["grading.rank_server", "torch", "torch._dynamo", "torch.distributed",
+                                            "grading.training"])
     return _FORKSERVER
 
 
@@ -247,7 +267,9 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
     timeout_s = TEST_TIMEOUT_S if timeout_s is None else timeout_s
     ctx = _context()
     roots = submission_roots()
-    with tempfile.TemporaryDirectory(prefix="grading-store-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="grading-store-", dir=os.environ.get("GRADING_RANK_TMPDIR")) as tmp:
+        if os.environ.get("GRADING_STUDENT_UID"):  # the group's file store, in the ranks' own folder
+            os.chown(tmp, int(os.environ["GRADING_STUDENT_UID"]), int(os.environ["GRADING_STUDENT_UID"]))
         procs, buffers, fds = [], {}, {}
         for r in range(world_size):
             reader, writer = ctx.Pipe(duplex=False)
@@ -317,7 +339,7 @@ def _frame(buffer: bytearray) -> bytes | None:
 def _kill(p) -> None:
     """SIGKILL the rank even if the fork server (its parent, which reports its exit) was killed."""
     try:
-        if p.pid:
+        if p.pid and p.exitcode is None:  # a pid the fork server reported gone may be another's by now
             os.kill(p.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass

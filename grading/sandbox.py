@@ -1,18 +1,24 @@
-"""First process of a grading run (harness.py): the grader's own, before pytest starts.
+"""First process of a grading run (harness.py), and the view of the file systems a rank gets.
 
-* It is made not dumpable: a process of the same user can then neither trace it nor open its
-  descriptors under ``/proc`` without CAP_SYS_PTRACE, which ranks give up (ranks.confine).
+* The first process is made not dumpable: a process of the same user can then neither trace it
+  nor open its descriptors under ``/proc`` without CAP_SYS_PTRACE, which ranks give up
+  (ranks.confine); where the grader is root, ranks run as another uid besides (student.py).
 * The environment that runs the grader may have this repository installed (``uv sync`` puts its
   root on ``sys.path`` through a .pth file); a submission that lacks a module must not find ours
   instead, so that entry is dropped here, before pytest, the fork server and every rank.
 * In new namespaces (``GRADING_NETNS``): ``lo`` exists but is down, and gloo's ranks talk over it;
-  root in the user namespace may set its flags (SIOCSIFFLAGS), as ``ip link set lo up`` would. Every
-  file system is then remounted read-only in this mount namespace, except the submission's scratch
-  copy and its home (``GRADING_WRITABLE``), and ``/dev/shm`` is a fresh tmpfs: a rank can write
-  neither the grader's files nor this repository's, nor another submission's.
+  root of the namespaces may set its flags (SIOCSIFFLAGS), as ``ip link set lo up`` would.
+* ``rank_view``, called by the fork server (rank_server.py) before it gives up its capabilities:
+  a mount namespace of its own, shared by the ranks it forks, in which the grader's private
+  folders (the fork server's socket), OUT, the submissions' folder and every other submission's
+  scratch copy are covered by empty file systems; ``/dev`` is a fresh tmpfs holding only null,
+  zero, full, random and urandom (no tty, no disk), and a fresh ``/dev/shm``; ``/proc/sys`` and
+  the other kernel knobs under ``/proc``, ``/sys`` and every cgroup file system are read-only, as
+  is every other file system but the submission's scratch copy and home.
 """
 
 import ctypes
+import errno
 import fcntl
 import os
 import runpy
@@ -26,7 +32,9 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 21
 MOUNT_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
                  "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
-KEEP_WRITABLE_TYPES = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "devtmpfs"}
+CLONE_NEWNS, MS_PRIVATE, O_PATH = 0x00020000, 1 << 18, 0o10000000
+DEVICES = ("null", "zero", "full", "random", "urandom")
+KERNEL_KNOBS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs", "/proc/acpi")
 
 
 def not_dumpable() -> None:
@@ -57,24 +65,82 @@ def _mounts() -> list[tuple[str, set[str], str]]:
     return found
 
 
-def read_only_except(writable: list[str]) -> list[str]:
-    """Remount every file system read-only here but ``writable`` (bound onto themselves first,
-    so they stay writable); the mount points that could not be made read-only."""
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    before = _mounts()
-    for path in writable:
-        libc.mount(path.encode(), path.encode(), None, MS_BIND | MS_REC, None)
-    libc.mount(b"tmpfs", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1g")
+    if libc.mount(source and source.encode(), target.encode(), fstype and fstype.encode(), flags,
+                  data and data.encode()) != 0:
+        raise OSError(ctypes.get_errno(), f"mount {target}: {os.strerror(ctypes.get_errno())}")
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def cover(hidden: list[str], keep: list[str]) -> None:
+    """An empty tmpfs over each folder of ``hidden``; the folders of ``keep`` under one are bound
+    back in at the same path (through descriptors opened before it was covered)."""
+    for folder in sorted({os.path.realpath(h) for h in hidden if os.path.isdir(h)}, key=len):
+        if not os.path.isdir(folder) or folder == "/":
+            continue  # already under a covered folder
+        inner = [k for k in {os.path.realpath(k) for k in keep} if _inside(k, folder) and os.path.isdir(k)]
+        fds = {k: os.open(k, O_PATH | os.O_DIRECTORY) for k in inner}
+        _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k")
+        for k, fd in sorted(fds.items()):
+            os.makedirs(k, exist_ok=True)
+            _mount(f"/proc/self/fd/{fd}", k, None, MS_BIND | MS_REC)
+            os.close(fd)
+
+
+def private_dev() -> None:
+    """``/dev`` as a fresh tmpfs with only the harmless devices (bound from the real ones), the
+    usual links to ``/proc/self/fd`` and a fresh ``/dev/shm``."""
+    fds = {name: os.open(f"/dev/{name}", O_PATH) for name in DEVICES if os.path.exists(f"/dev/{name}")}
+    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
+    for name, fd in fds.items():
+        open(f"/dev/{name}", "w").close()
+        _mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, MS_BIND)
+        os.close(fd)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{name}")
+    os.mkdir("/dev/shm")
+    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=1g")
+
+
+def read_only_except(writable: list[str]) -> list[str]:
+    """Remount every file system here read-only but ``writable`` (bound onto themselves first, so
+    they stay writable) and ``/dev/shm``; ``/proc`` stays, but not its kernel knobs. The mount
+    points that could not be made read-only."""
+    for knob in KERNEL_KNOBS:
+        if os.path.exists(knob):
+            _mount(knob, knob, None, MS_BIND | MS_REC)
+    kept = {os.path.realpath(p) for p in writable}
+    for path in kept:
+        _mount(path, path, None, MS_BIND | MS_REC)
+    libc = ctypes.CDLL(None, use_errno=True)
     failed = []
-    for point, options, fstype in before:
-        if fstype in KEEP_WRITABLE_TYPES or point == "/dev/shm" or "ro" in options:
+    for point, options, fstype in _mounts():
+        if (fstype == "proc" and not any(_inside(point, k) for k in KERNEL_KNOBS)) or point == "/dev/shm" \
+                or "ro" in options or not os.path.lexists(point) or any(_inside(point, k) for k in kept):
             continue
         flags = MS_REMOUNT | MS_BIND | MS_RDONLY
         for option in options:
             flags |= MOUNT_OPTIONS.get(option, 0)
-        if libc.mount(None, point.encode(), None, flags, None) != 0:
+        if libc.mount(None, point.encode(), None, flags, None) != 0 and ctypes.get_errno() != errno.ENOENT:
             failed.append(point)
     return failed
+
+
+def rank_view(writable: list[str], hidden: list[str], keep: list[str]) -> list[str]:
+    """The ranks' mount namespace (see the module's docstring), made in this process and inherited
+    by every process it forks; the mount points that could not be made read-only."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the grader's view
+    cover(hidden, [*keep, *writable])
+    private_dev()
+    return read_only_except(writable)
 
 
 if __name__ == "__main__":
@@ -83,8 +149,5 @@ if __name__ == "__main__":
         hide(os.environ["GRADING_HIDE"])
     if os.environ.get("GRADING_NETNS"):
         loopback_up()
-        left = read_only_except(list(filter(None, os.environ.get("GRADING_WRITABLE", "").split(os.pathsep))))
-        if left:
-            print(f"grading sandbox: could not make read-only: {', '.join(left)}", flush=True)
     sys.argv = ["pytest", *sys.argv[1:]]
     runpy.run_module("pytest", run_name="__main__", alter_sys=True)

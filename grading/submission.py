@@ -8,15 +8,70 @@ syntax error, an import error, the public stub's NotImplementedError) into a one
 from __future__ import annotations
 
 import ast
+import fnmatch
 import importlib.util
 import os
+import shutil
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 from grading.problems import EDITION_ADAPTERS
 
 ADAPTER_FILES = ("tests/adapters.py", "adapters.py")  # the public layout first
+MAX_UNPACKED_BYTES = 2 << 30
+MAX_FILES = 50_000  # a tree with more is refused, before anything else looks at it
+MAX_VISITS = 5_000  # folders a workspace member's glob may visit, all members together
+SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", "node_modules", "wandb", ".mypy_cache"}
+MAX_FILE_BYTES = 64 << 20  # larger files (checkpoints, data) are left out of the scratch copy
+
+
+class TreeTooLarge(ValueError):
+    """A submission's tree beyond the limits; the message is the grade's one line."""
+
+
+def unpack(submission: Path, dest: Path) -> None:
+    """Copy a checkout, or unpack a zip, into ``dest`` (no links followed, no path outside it;
+    at most MAX_FILES files and MAX_UNPACKED_BYTES bytes)."""
+    count = 0
+    if submission.is_dir():
+        def ignore(folder: str, names: list[str]) -> set[str]:
+            nonlocal count
+            count += len(names)
+            if count > MAX_FILES:
+                raise TreeTooLarge(f"{submission.name} has more than {MAX_FILES} files")
+            return {n for n in names if n in SKIP_DIRS or n.endswith(".pyc")
+                    or (os.path.isfile(os.path.join(folder, n)) and os.path.getsize(os.path.join(folder, n)) > MAX_FILE_BYTES)}
+        shutil.copytree(submission, dest, symlinks=True, ignore=ignore)
+        return
+    dest.mkdir(parents=True)
+    with zipfile.ZipFile(submission) as z:
+        total = 0
+        if len(z.infolist()) > MAX_FILES:
+            raise TreeTooLarge(f"{submission.name} has more than {MAX_FILES} files")
+        for info in z.infolist():
+            target = (dest / info.filename).resolve()
+            if not str(target).startswith(str(dest.resolve()) + os.sep) or info.is_dir():
+                continue
+            if (info.external_attr >> 16) & 0o170000 == 0o120000:  # a symbolic link
+                continue
+            total += info.file_size
+            if total > MAX_UNPACKED_BYTES:
+                raise TreeTooLarge(f"{submission.name} unpacks to more than {MAX_UNPACKED_BYTES >> 30} GiB")
+            if info.file_size > MAX_FILE_BYTES or any(part in SKIP_DIRS for part in Path(info.filename).parts):
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(info) as src, open(target, "wb") as out:
+                shutil.copyfileobj(src, out)
+
+
+def syntax_error(path: Path, root: Path) -> str | None:
+    try:
+        ast.parse(path.read_bytes(), filename=str(path))
+    except SyntaxError as e:
+        return f"{path.relative_to(root)}:{e.lineno}: SyntaxError: {e.msg}"
+    return None
 
 
 class AdapterMissing(Exception):
@@ -34,19 +89,22 @@ def find_root(tree: Path) -> Path:
     """The folder holding the adapters: ``tree`` itself, or the one folder a zip wrapped it in."""
     if adapters_file(tree) or not tree.is_dir():
         return tree
-    found = sorted({p.parent.parent if p.parent.name == "tests" else p.parent
-                    for p in tree.rglob("adapters.py") if ".venv" not in p.parts and "site-packages" not in p.parts},
-                   key=lambda p: len(p.parts))
-    return found[0] if found else tree
+    found = []
+    for folder, dirs, files in os.walk(tree):  # a copy of at most MAX_FILES files
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and d != "site-packages"]
+        if "adapters.py" in files:
+            place = Path(folder)
+            found.append(place.parent if place.name == "tests" else place)
+    return min(found, key=lambda p: (len(p.parts), str(p))) if found else tree
 
 
-def python_roots(root: Path) -> list[Path]:
+def python_roots(root: Path, refused: list[str] | None = None) -> list[Path]:
     """Folders to import the submission's packages from, found as its own project finds them:
     the folders its pyproject.toml names (``[tool.uv.sources]`` path entries, e.g.
     ``cs336-basics = { path = "./cs336_basics_mine" }``, and ``[tool.uv.workspace]`` members), then
     its root, then ``cs336-basics/`` (the public layout); each as itself or its ``src/``. Only
-    folders inside the submission count."""
-    candidates = [*_project_folders(root), root, root / "cs336-basics"]
+    folders inside the submission count; ``refused`` gets a line for each path refused."""
+    candidates = [*_project_folders(root, refused), root, root / "cs336-basics"]
     found: list[Path] = []
     inside = root.resolve()
     for folder in candidates:
@@ -60,18 +118,58 @@ def python_roots(root: Path) -> list[Path]:
     return found
 
 
-def _project_folders(root: Path) -> list[Path]:
+def _project_folders(root: Path, refused: list[str] | None = None) -> list[Path]:
+    """The folders pyproject.toml names: path sources, then workspace members (globs expanded,
+    visiting at most MAX_VISITS folders). A path that is absolute or leaves the submission is
+    refused, with a line in ``refused``."""
     try:
         project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8", errors="replace"))
-    except (OSError, tomllib.TOMLDecodeError):
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         return []
-    uv = project.get("tool", {}).get("uv", {})
-    folders = [root / source["path"] for source in uv.get("sources", {}).values()
-               if isinstance(source, dict) and isinstance(source.get("path"), str)]
-    for member in uv.get("workspace", {}).get("members", []):
-        if isinstance(member, str):
-            folders += sorted(p for p in root.glob(member) if p.is_dir())
+    uv = project.get("tool", {}).get("uv", {}) if isinstance(project.get("tool"), dict) else {}
+    uv = uv if isinstance(uv, dict) else {}
+    sources = uv.get("sources") if isinstance(uv.get("sources"), dict) else {}
+    workspace = uv.get("workspace") if isinstance(uv.get("workspace"), dict) else {}
+    members = workspace.get("members") if isinstance(workspace.get("members"), list) else []
+    paths = [s["path"] for s in sources.values() if isinstance(s, dict) and isinstance(s.get("path"), str)]
+    folders: list[Path] = []
+    budget = [MAX_VISITS]
+    for entry, glob in [*((p, False) for p in paths), *((m, True) for m in members if isinstance(m, str))]:
+        if os.path.isabs(entry) or ".." in Path(entry).parts or "\0" in entry:
+            if refused is not None:
+                refused.append(f"pyproject.toml: {entry!r} is absolute or outside the submission: not used")
+            continue
+        folders += _expand(root, Path(entry).parts, budget) if glob else [root / entry]
+    if budget[0] <= 0 and refused is not None:
+        refused.append(f"pyproject.toml: workspace members visit more than {MAX_VISITS} folders: the rest not used")
     return folders
+
+
+def _expand(folder: Path, parts: tuple[str, ...], budget: list[int]) -> list[Path]:
+    """The folders under ``folder`` that the glob ``parts`` matches (``**``: any depth), in order,
+    visiting at most ``budget[0]`` folders (spent from it); links are not followed."""
+    if not parts:
+        return [folder]
+    budget[0] -= 1
+    if budget[0] < 0 or folder.is_symlink() or not folder.is_dir():
+        return []
+    head, rest = parts[0], parts[1:]
+    if head == "**":
+        found = _expand(folder, rest, budget)
+        for child in _children(folder):
+            found += [f for f in _expand(child, parts, budget) if f not in found]
+        return found
+    if not any(c in head for c in "*?["):
+        return _expand(folder / head, rest, budget)
+    return [f for child in _children(folder) if fnmatch.fnmatchcase(child.name, head)
+            for f in _expand(child, rest, budget)]
+
+
+def _children(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink())
+    except OSError:
+        return []
 
 
 def _has_packages(folder: Path) -> bool:

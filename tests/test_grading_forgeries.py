@@ -28,7 +28,7 @@ import json as _json, os as _os
 def _forge():
     line = (_json.dumps({"test": "test_sharded_optimizer.py::test_sgd_with_momentum",
                          "problem": "optimizer_state_sharding", "passed": True, "skipped": False,
-                         "reason": "", "seconds": 0.0}) + "\\\\n").encode()
+                         "reason": "", "seconds": 0.0}) + "\\n").encode()
     for fd in range(3, 64):
         try:
             _os.write(fd, line)
@@ -37,7 +37,7 @@ def _forge():
     for pid in filter(str.isdigit, _os.listdir("/proc")):
         targets = []
         try:
-            for arg in open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\\\\0"):
+            for arg in open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace").split("\\0"):
                 if arg.startswith("--grading-"):
                     value = arg.split("=", 1)[-1]
                     targets += [value, f"/proc/{pid}/fd/{value}"]
@@ -111,7 +111,8 @@ def test_a_forged_stub_scores_zero(tmp_path, trick, reason):
     assert points(graded, ZERO) == 0, [t.output for t in graded.tests]
     assert all(t.runs == 1 for t in graded.tests), "a forged outcome reached the harness"
     assert all(reason in line for line in failures(graded, ZERO)), failures(graded, ZERO)
-    assert graded.seconds < 40  # no trick costs a timeout
+    assert not any("timed out" in t.output for t in graded.tests)  # no trick costs a timeout
+    assert graded.seconds < QUICK.submission_timeout_s
 
 
 def test_a_patched_comparison_earns_what_the_wrong_solution_earns(tmp_path):

@@ -1,0 +1,165 @@
+"""The student uid: a uid of its own for every process that runs a submission's code (grader as root).
+
+When the grader runs as root (Gradescope's containers, CI), the fork server that starts a
+submission's ranks, and so every rank, switches to an unprivileged uid that no account and no
+other running grading holds (``claim``: a free uid from a range far above any account's, held
+by an ``flock`` for as long as the grading runs, so that parallel gradings, in threads or in
+separate processes, never share one). That uid owns only the submission's scratch copy and home;
+it can write no file the grader reads or writes, open no descriptor of a root process, and
+signal none.
+
+At the end every process of that uid is killed at once (``kill_all``: a child that becomes the
+uid sends ``kill(-1, SIGKILL)``, which reaches every process of that uid in one step, however
+fast they fork), until none is left; and what the uid left in the world-writable folders
+(``/tmp``, ``/dev/shm``...) is removed (``remove_files``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import random
+import shutil
+import signal
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+FIRST_UID, UIDS = 1_800_000_000, 100_000_000  # far above any account's uid, below 2^31
+LOCKS = Path(tempfile.gettempdir()) / "grading-student-uids"
+SHARED_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue")
+MAX_ENTRIES = 100_000  # scanned per shared folder when removing what a uid left
+
+
+@dataclass
+class Student:
+    uid: int
+    lock_fd: int
+
+
+def can_switch() -> bool:
+    """Whether the grader can run a submission's processes as another uid (it is root)."""
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def claim() -> Student:
+    """A uid no account, file lock or running process holds; held until ``release``."""
+    with contextlib.suppress(FileExistsError):
+        LOCKS.mkdir(mode=0o700)
+    folder = os.open(LOCKS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)  # never a link someone left there
+    try:
+        os.fchown(folder, 0, 0)
+        os.fchmod(folder, 0o700)
+        for _ in range(100):
+            uid = FIRST_UID + random.randrange(UIDS)
+            fd = os.open(str(uid), os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600, dir_fd=folder)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if not _account(uid) and not processes(uid):
+                return Student(uid, fd)
+            os.close(fd)
+    finally:
+        os.close(folder)
+    raise RuntimeError("no free uid to run the submission as")
+
+
+def release(student: Student) -> None:
+    os.close(student.lock_fd)
+
+
+def _account(uid: int) -> bool:
+    import pwd
+
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
+
+
+def processes(uid: int) -> list[int]:
+    """Every process whose real, effective, saved or file-system uid is ``uid``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                uids = next(line for line in f if line.startswith("Uid:")).split()[1:]
+        except (OSError, StopIteration):
+            continue
+        if str(uid) in uids:
+            found.append(int(pid))
+    return found
+
+
+def become(uid: int) -> None:
+    """Switch this process to ``uid`` for good (no supplementary group, gid = uid)."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid):
+        raise RuntimeError(f"could not become uid {uid}")
+
+
+def kill_all(uid: int, timeout_s: float = 30.0) -> bool:
+    """SIGKILL every process of ``uid`` until none is left; whether none is (within ``timeout_s``)."""
+    deadline = time.monotonic() + timeout_s
+    while processes(uid):
+        if time.monotonic() > deadline:
+            return False
+        pid = os.fork()
+        if pid == 0:  # the killer: becomes the uid, so kill(-1) reaches exactly that uid's processes
+            try:
+                become(uid)
+                os.kill(-1, signal.SIGKILL)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(0.05)  # killed processes leave /proc once their parent reaps them
+    return True
+
+
+def remove_files(uid: int) -> list[str]:
+    """Remove what ``uid`` left in the world-writable folders; the paths removed.
+
+    The uid can create entries only in folders anyone may write (or in its own, removed whole),
+    so only those are entered."""
+    removed: list[str] = []
+    queue, seen = [f for f in SHARED_FOLDERS if os.path.isdir(f)], 0
+    while queue and seen < MAX_ENTRIES:
+        folder = queue.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if info.st_uid == uid:
+                if stat.S_ISDIR(info.st_mode):
+                    shutil.rmtree(entry.path, ignore_errors=True)  # by descriptor: a swapped-in link is not followed
+                else:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+                removed.append(entry.path)
+            elif stat.S_ISDIR(info.st_mode) and info.st_mode & 0o002:
+                queue.append(entry.path)
+    return removed
+
+
+def give(path: Path, uid: int, mode: int = 0o700) -> None:
+    """Make ``path`` and everything under it the uid's (links themselves, never their targets);
+    ``path`` itself gets ``mode``, so that no other uid can enter it."""
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in [*dirnames, *filenames]:
+            os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+    os.chown(path, uid, uid, follow_symlinks=False)
+    os.chmod(path, mode)
