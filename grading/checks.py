@@ -6,8 +6,14 @@ each rank getting its own shard of the batch. DDP ranks start from different ran
 (rank 0's are the reference's): a wrapper must broadcast them at construction, and one that
 rebuilds weights from a seed fails. The reference is single-process training on the whole
 batch (plain torch, no collective); every rank's parameters are compared with it after
-construction and after every step, so a missing average, a missing sync or a rank left behind
-fails where it happens, with the rank, step, parameter, gap and tolerance.
+construction and after every step ("after construction", "after step 1 of 3": one numbering
+everywhere), so a missing average, a missing sync or a rank left behind fails where it happens:
+first whether the ranks agree with each other ("rank 0 and rank 1 hold different weights after
+step 1 of 3: gradients are not averaged over ranks"), then the rank, parameter, gap and
+tolerance against the reference. The reference must move, or the test could not tell.
+
+A run returns its finding instead of raising it (``Run``): a test of what a problem is named for
+(sharding, overlap) reports its own finding first and the training's after it (``findings``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from grading import models, probes, training, wire
+from grading.problems import named_for
 
 BATCH = 12  # divisible by world sizes 2 and 3
 # float32: averaging shards vs one mean differs by a few ulps; a sum instead of a mean is 2x off.
@@ -193,11 +200,12 @@ def run_ddp(ranks, world_size: int, case: DDPCase) -> Run:
     return Run(reports, compare(reports, expected, what, DDP_DISAGREE))
 
 
-def overlap_finding(reports: list[dict], model: str) -> str:
+def overlap_finding(reports: list[dict], model: str, problem: str) -> str:
     """Whether the gradients overlapped backward: per rank and step, the all-reduces issued before
     the probe's backward (the layers below it still computing) must carry at least half the bytes
     of the gradients ready by then, asynchronously (``async_op=True``, waited on only after
-    backward). "" when they did."""
+    backward). "" when they did; else what was seen, ending with ``named_for(problem)``."""
+    missed = f"; gradients do not overlap backward {named_for(problem)}"
     ready = models.above_probe_bytes(models.build(model))
     for rank, report in enumerate(reports):
         for step, calls in enumerate(report["reductions"], 1):
@@ -207,15 +215,15 @@ def overlap_finding(reports: list[dict], model: str) -> str:
             where = f"rank {rank}, step {step}"
             if not during:
                 return (f"{where}: no all-reduce was issued while backward ran ({len(calls)} after it): gradients "
-                        "must be communicated as they become ready, not after backward")
+                        f"must be communicated as they become ready, not after backward{missed}")
             if carried < ready / 2:
                 return (f"{where}: the {len(during)} all-reduces issued while backward ran carried {carried} bytes, "
-                        f"under half of the {ready} bytes of gradients ready by then: they do not carry the gradients")
+                        f"under half of the {ready} bytes of gradients ready by then: they do not carry the gradients{missed}")
             if left_running < ready / 2:
                 blocking = sum(not c[2] for c in during)
                 return (f"{where}: {blocking} of the {len(during)} all-reduces issued while backward ran blocked it "
                         f"(async_op=False, or waited on before backward returned; {left_running} of {carried} bytes "
-                        "left running): each must be started with async_op=True and waited on after backward")
+                        f"left running): each must be started with async_op=True and waited on after backward{missed}")
     return ""
 
 
@@ -279,10 +287,10 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
     return Run(reports, mismatch, sum(p.numel() * p.element_size() for p in reference.parameters()))
 
 
-def sharding_finding(reports: list[dict], key: str, full_bytes: int, what: str) -> str:
+def sharding_finding(reports: list[dict], key: str, full_bytes: int, what: str, problem: str) -> str:
     """Whether every rank holds at most 1/world size of ``full_bytes``, plus a quarter of the whole
     for a split by whole tensors (the suite's models split evenly by layers at world sizes 2 and
-    3); the first rank that holds more, or ""."""
+    3); the first rank that holds more, ending with ``named_for(problem)``, or ""."""
     world_size = len(reports)
     for rank, report in enumerate(reports):
         held = report[key]
@@ -290,5 +298,5 @@ def sharding_finding(reports: list[dict], key: str, full_bytes: int, what: str) 
         if share > 1 / world_size + 0.25:
             largest = "; ".join(held["largest"]) or "nothing"
             return (f"rank {rank} holds {held['bytes']} bytes of {what}, {share:.0%} of the unsharded {full_bytes} "
-                    f"(sharded: at most 1/{world_size} + 25%): not sharded; largest: {largest}")
+                    f"(sharded: at most 1/{world_size} + 25%; largest: {largest}): not sharded {named_for(problem)}")
     return ""

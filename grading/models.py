@@ -123,7 +123,7 @@ def added_group(model: nn.Module, case: dict, step: int) -> dict | None:
     named = dict(model.named_parameters())
     for name in UNFROZEN:
         named[name].requires_grad_(True)
-    return {"params": [named[n] for n in UNFROZEN], "lr": optimizer_class(case["optimizer"])[1]["lr"] * 1.5}
+    return {"params": [named[n] for n in UNFROZEN]}  # the constructor's options: a group's own are tested apart
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ class Rubric:
     """How a problem's points are split over its graded tests, and the cap (problems.toml)."""
 
     shares: dict[str, float]  # test function -> its points, split evenly over its parameters
-    point: tuple[str, ...]  # the tests of what the problem is named for
+    point: tuple[str, ...]  # the tests of what the problem is named for (their findings end with named_for)
     cap: Fraction  # the most a solution that fails a point test earns, as a fraction of the points
 
     def capped_points(self, points: int) -> float:
@@ -61,6 +61,13 @@ def _rubric(problem: str, table: dict) -> Rubric:
 
 
 RUBRIC: dict[str, Rubric] = {p: _rubric(p, t) for p, t in _TABLE.get("rubric", {}).items()}
+
+
+def named_for(problem: str) -> str:
+    """The words a point test's finding ends with when a solution misses what ``problem`` is named
+    for (not sharded, not overlapped): the report caps the problem on them, and on nothing else, so
+    a point test that fails only because training is wrong costs its share and no more."""
+    return f"(what {problem} is named for)"
 
 
 def test_function(test: str) -> str:

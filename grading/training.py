@@ -121,10 +121,11 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
     dtype = getattr(torch, case["compute_dtype"]) if case.get("compute_dtype") else None
     fsdp = get(model, compute_dtype=dtype)
     optimizer = models.make_optimizer(case["optimizer"], fsdp.parameters())
-    gathered, masters = [], {}
+    gathered, masters, output = [], {}, ""
     for batch in job["batches"]:
         optimizer.zero_grad(set_to_none=True)
         logits = fsdp(batch["ids"])
+        output = output or str(logits.dtype)
         F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten()).backward()
         after(fsdp, optimizer)
         masters = masters or {n: [str(p.dtype), str(p.grad.dtype) if p.grad is not None else ""]
@@ -136,4 +137,5 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
         gathered.append(snapshot({str(k): v for k, v in full.items() if isinstance(v, torch.Tensor)}))
     optimizer.zero_grad(set_to_none=True)
     grads = {p.grad.untyped_storage().data_ptr() for p in fsdp.parameters() if p.grad is not None}
-    return {"layout": layout, "params": gathered, "masters": masters, "resident": _holders(fsdp, "fsdp", grads)}
+    return {"layout": layout, "params": gathered, "masters": masters, "output": output,
+            "resident": _holders(fsdp, "fsdp", grads)}

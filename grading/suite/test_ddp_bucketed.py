@@ -12,7 +12,8 @@ import pytest
 from grading.checks import DDPCase, findings, overlap_finding, run_ddp
 from grading.models import Equal
 
-pytestmark = pytest.mark.problem("ddp_overlap_bucketed")
+PROBLEM = "ddp_overlap_bucketed"
+pytestmark = pytest.mark.problem(PROBLEM)
 
 ADAPTERS = ("get_ddp_bucketed", "ddp_bucketed_on_after_backward", "ddp_bucketed_on_train_batch_start")
 
@@ -43,7 +44,7 @@ def test_communicates_during_backward(ranks):
     asynchronously ("wait for asynchronous communication calls" after backward); with buckets
     smaller than one layer, the wrapper still trains as single-process training does."""
     run = run_ddp(ranks, 2, bucketed(0.0005))
-    findings(overlap_finding(run.reports, "net"), run.mismatch)
+    findings(overlap_finding(run.reports, "net", PROBLEM), run.mismatch)
 
 
 @pytest.mark.parametrize("bucket_size_mb", [0.01, 1.0])

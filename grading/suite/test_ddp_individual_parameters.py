@@ -11,7 +11,8 @@ import pytest
 from grading.checks import DDPCase, findings, overlap_finding, run_ddp
 from grading.suite.conftest import EDITION
 
-pytestmark = pytest.mark.problem("ddp_overlap_individual_parameters")
+PROBLEM = "ddp_overlap_individual_parameters"
+pytestmark = pytest.mark.problem(PROBLEM)
 
 ADAPTERS = {"2025": ("get_ddp_individual_parameters", "ddp_individual_parameters_on_after_backward"),
             "2026": ("get_ddp", "ddp_on_after_backward")}
@@ -41,7 +42,7 @@ def test_communicates_during_backward(ranks, case):
     while backward still runs (async_op=True, waited on after backward), and the wrapper still
     trains as single-process training does."""
     run = run_ddp(ranks, 2, case)
-    findings(overlap_finding(run.reports, case.model), run.mismatch)
+    findings(overlap_finding(run.reports, case.model, PROBLEM), run.mismatch)
 
 
 def test_tied_weights(ranks, case):

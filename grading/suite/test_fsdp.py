@@ -11,7 +11,8 @@ import pytest
 from grading.checks import FSDPCase, findings, run_fsdp, sharding_finding
 from grading.models import LMShape
 
-pytestmark = pytest.mark.problem("fsdp")
+PROBLEM = "fsdp"
+pytestmark = pytest.mark.problem(PROBLEM)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -32,8 +33,13 @@ def test_compute_dtype(ranks, compute_dtype):
     """handout: "When compute_dtype is provided, cast the weights to that dtype before communicating
     or using them for compute, while keeping master weights and optimizer updates in FP32": as the
     public 26.1.4 tests, SGD(lr=0.01) against single-process training cast alike (float16 within
-    their 1e-4), and every parameter and gradient the optimizer sees in float32."""
+    their 1e-4), the model computing in that dtype, and every parameter and gradient the optimizer
+    sees in float32."""
     run = run_fsdp(ranks, 2, FSDPCase(optimizer="public_sgd", compute_dtype=compute_dtype))
+    output = run.reports[0]["output"]
+    computed = "" if output == f"torch.{compute_dtype}" else (
+        f"rank 0: the model's output is {output} with compute_dtype=torch.{compute_dtype} (the suite's model keeps "
+        "its activations' dtype): the Linear and Embedding weights were not cast to it for compute")
     masters = ""
     for rank, report in enumerate(run.reports):
         wrong = {n: d for n, d in report["masters"].items() if d[0] != "torch.float32" or d[1] not in ("torch.float32", "")}
@@ -41,7 +47,7 @@ def test_compute_dtype(ranks, compute_dtype):
             name, (param, grad) = next(iter(wrong.items()))
             masters = (f"rank {rank}: after fsdp_on_after_backward, parameter {name} is {param} with a {grad or 'no'} "
                        f"gradient: master weights and their gradients stay float32 ({len(wrong)} such)")
-    findings(run.mismatch, masters)
+    findings(computed, run.mismatch, masters)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -49,7 +55,7 @@ def test_parameters_are_sharded(ranks, world_size):
     """handout: each rank keeps 1/world size of each Linear and Embedding weight between steps,
     and frees the gathered full weights after use; it still trains as single-process training does."""
     run = run_fsdp(ranks, world_size, FSDPCase())
-    findings(sharding_finding(run.reports, "resident", run.full_bytes, "parameters between steps"), run.mismatch)
+    findings(sharding_finding(run.reports, "resident", run.full_bytes, "parameters between steps", PROBLEM), run.mismatch)
 
 
 @pytest.mark.beyond_handout

@@ -9,7 +9,8 @@ import pytest
 
 from grading.checks import ZeroCase, findings, run_sharded_optimizer, sharding_finding
 
-pytestmark = pytest.mark.problem("optimizer_state_sharding")
+PROBLEM = "optimizer_state_sharding"
+pytestmark = pytest.mark.problem(PROBLEM)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -37,7 +38,8 @@ def test_parameter_groups(ranks, world_size, optimizer):
 def test_add_param_group(ranks, world_size, optimizer):
     """handout: add_param_group "may also be called during training (e.g., for gradually unfreezing
     layers in a model). As a result, this method should handle assigning the model's parameters
-    among the ranks": two frozen layers added as a group after step 1 train from step 2 on."""
+    among the ranks": two frozen layers, added as a group of their own (the constructor's options)
+    after step 1, train from step 2 on."""
     run_sharded_optimizer(ranks, world_size, ZeroCase(optimizer=optimizer, unfreeze=True)).assert_matches()
 
 
@@ -46,4 +48,4 @@ def test_state_is_sharded(ranks, world_size):
     """handout: "these parameters will be sharded across all the ranks": each rank keeps the
     optimizer state of about 1/world size of the parameters, and still trains as the unsharded one."""
     run = run_sharded_optimizer(ranks, world_size, ZeroCase(measure_state=True))
-    findings(sharding_finding(run.reports, "state", run.full_bytes, "optimizer state"), run.mismatch)
+    findings(sharding_finding(run.reports, "state", run.full_bytes, "optimizer state", PROBLEM), run.mismatch)
