@@ -187,8 +187,8 @@ def live_tensor_objects() -> list[torch.Tensor]:
 def live_tensors(exclude: set[int], named: dict[str, object]) -> list[Holder]:
     """Every tensor storage alive in this process, except those in ``exclude``: what a rank holds,
     wherever it keeps it (a module-level global too; the garbage collector tracks every tensor).
-    Each has its path from one of the ``named`` roots where one reaches it; the three largest
-    others name the global or object that refers to them."""
+    Each has its path from one of the ``named`` roots where one reaches it; if the largest has
+    none, the module global it hangs from is named."""
     gc.collect()
     reached: dict[int, Holder] = {}
     for root_name, root in named.items():
@@ -205,25 +205,35 @@ def live_tensors(exclude: set[int], named: dict[str, object]) -> list[Holder]:
     out = []
     for i, h in enumerate(ordered):
         if isinstance(h, torch.Tensor):
-            h = Holder(_referrer(h) if i < 3 else "elsewhere in the rank", tuple(h.shape),
-                       str(h.dtype).removeprefix("torch."), h.untyped_storage().nbytes())
+            where = _referrer(h, {id(live), id(ordered), id(reached)}) if i == 0 else "elsewhere in the rank"
+            h = Holder(where, tuple(h.shape), str(h.dtype).removeprefix("torch."), h.untyped_storage().nbytes())
         out.append(h)
     return out
 
 
-def _referrer(tensor: torch.Tensor) -> str:
-    """Where a tensor no named root reaches lives: a module's global, or the object holding it."""
+def _referrer(tensor: torch.Tensor, ignore: set[int]) -> str:
+    """Where a tensor no named root reaches lives: the module global it hangs from, found by
+    walking referrers up (breadth first, at most 16 steps: each scans every object)."""
     modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
-    for ref in gc.get_referrers(tensor):
-        if isinstance(ref, dict):
-            key = next((_label(k) for k, v in ref.items() if v is tensor), "?")
-            if id(ref) in modules:
-                return f"global {modules[id(ref)]}.{key.strip(chr(39))}"
-            for outer in gc.get_referrers(ref):
-                if isinstance(outer, dict) and id(outer) in modules:
-                    name = next((k for k, v in outer.items() if v is ref), "?")
-                    return f"global {modules[id(outer)]}.{name}[{key}]"
-    return "elsewhere in the rank (no global or object of the submission's names it)"
+    frontier, seen = deque([(tensor, "")]), {id(tensor), *ignore}
+    for _ in range(16):
+        if not frontier:
+            break
+        obj, below = frontier.popleft()
+        for ref in gc.get_referrers(obj):
+            if id(ref) in seen or isinstance(ref, (types.FrameType, deque)):
+                continue
+            seen.add(id(ref))
+            step = ""
+            if isinstance(ref, dict):
+                key = next((k for k, v in ref.items() if v is obj), None)
+                if id(ref) in modules and isinstance(key, str):
+                    return f"global {modules[id(ref)]}.{key}{below}"
+                step = f"[{_label(key)}]"
+            elif isinstance(ref, (list, tuple)):
+                step = next((f"[{i}]" for i, v in enumerate(ref) if v is obj), "")
+            frontier.append((ref, step + below))
+    return "elsewhere in the rank (no global of the submission's names it)"
 
 
 def _walk(root: object, name: str, exclude: set[int]) -> dict[int, Holder]:
