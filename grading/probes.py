@@ -60,9 +60,6 @@ class CollectiveLog:
     def reductions(self, since: int = 0) -> list[Call]:
         return [c for c in self.calls[since:] if c.reduction]
 
-    def reductions_during_backward(self, since: int = 0) -> list[Call]:
-        return [c for c in self.reductions(since) if c.during_backward]
-
 
 LOG = CollectiveLog()
 
@@ -179,14 +176,17 @@ def reachable_storages(root: object) -> set[int]:
     return set(_walk(root, "", set()))
 
 
-def live_tensor_objects() -> list[torch.Tensor]:
-    """Every tensor alive in this process now (held, so that no later tensor reuses their memory)."""
-    return [o for o in gc.get_objects() if issubclass(type(o), torch.Tensor) and o.device.type != "meta"]
+def count_from_here() -> None:
+    """Leave every object alive now (torch's, the grader's, the data a rank was sent) out of
+    ``live_tensors``: the collector's permanent generation, which it neither lists nor scans, so
+    a later count walks only what was made since (milliseconds, not a scan of torch's objects)."""
+    gc.freeze()
 
 
 def live_tensors(exclude: set[int], named: dict[str, object]) -> list[Holder]:
-    """Every tensor storage alive in this process, except those in ``exclude``: what a rank holds,
-    wherever it keeps it (a module-level global too; the garbage collector tracks every tensor).
+    """Every tensor storage alive in this process and made since ``count_from_here``, except those
+    in ``exclude``: what a rank holds, wherever it keeps it (a module-level global too; the garbage
+    collector tracks every tensor).
     Each has its path from one of the ``named`` roots where one reaches it; if the largest has
     none, the module global it hangs from is named."""
     gc.collect()

@@ -84,9 +84,10 @@ def _storages(*roots: object) -> set[int]:
 def train_sharded_optimizer(ctx: Rank, job: dict) -> dict:
     """Every rank computes the whole batch's gradients; the sharded optimizer steps. Parameter
     groups, and a group added after a step, as the case says (models.zero_groups). The state:
-    every tensor alive in the rank but the model's, its gradients and the grader's own data."""
+    every tensor made since the rank started but the model's, its gradients and the snapshots."""
     case = job["case"]
-    before = probes.live_tensor_objects() if case["measure_state"] else []  # before any of the submission's code
+    if case["measure_state"]:
+        probes.count_from_here()  # before any of the submission's code: torch's and the grader's objects are not counted
     probes.install_collective_log()
     get = load_adapter("get_sharded_optimizer")
     model = models.build("equal", layers=case["layers"])
@@ -103,7 +104,7 @@ def train_sharded_optimizer(ctx: Rank, job: dict) -> dict:
             optimizer.add_param_group(added)
     if not case["measure_state"]:
         return {"params": params}
-    exclude = {t.untyped_storage().data_ptr() for t in before} | _storages(job, params, model)
+    exclude = _storages(params, model)
     exclude |= {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None}
     held = probes.live_tensors(exclude, {"optimizer": optimizer})
     return {"params": params, "state": {"bytes": sum(h.nbytes for h in held), "largest": [h.line() for h in held[:3]]}}
