@@ -32,8 +32,8 @@ def test_adamw(ranks):
 def test_compute_dtype(ranks, compute_dtype):
     """handout: "When compute_dtype is provided, cast the weights to that dtype before communicating
     or using them for compute, while keeping master weights and optimizer updates in FP32": as the
-    public 26.1.4 tests, SGD(lr=0.01) against single-process training cast alike (float16 within
-    their 1e-4), the model computing in that dtype, and every parameter and gradient the optimizer
+    public 26.1.4 tests, SGD(lr=0.01) against single-process training cast alike (within their
+    1e-4, float16 and bfloat16), the model computing in that dtype, and every parameter and gradient the optimizer
     sees in float32."""
     run = run_fsdp(ranks, 2, FSDPCase(optimizer="public_sgd", compute_dtype=compute_dtype))
     output = run.reports[0]["output"]
