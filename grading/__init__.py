@@ -2,18 +2,19 @@
 
 It never imports this repository's ``cs336_systems``: a submission brings its own.
 
-* problems.toml  the handout's problems, points and editions (also read by cs336_systems/problems.py)
-* problems.py    those, and which problems the suite grades per edition
+* problems.toml  the handout's problems, points and editions (also read by cs336_systems/problems.py),
+                 and the rubric: each graded test's share, and the caps
+* problems.py    those, which problems the suite grades per edition, and the rubric
 * submission.py  finding a submission's adapters, packages and edition; loading an adapter in a rank
 * ranks.py       one test's ranks: forked, confined, the submission last on their path, a deadline
 * wire.py        what ranks send back: JSON and raw tensor bytes, never a pickle
 * models.py      the suite's models, built in a rank and, as the reference, in the grader
 * training.py    what a rank does: train through the adapters and report (rank side)
 * checks.py      what the grader does: data, reference training, comparisons (never imports the submission)
-* probes.py      collectives logged (and whether backward was running), tensors an object holds
+* probes.py      collectives logged (during backward? bytes carried? left running?), tensors held or alive
 * suite/         the hidden-style tests, one file per problem, each naming the handout's requirement
 * plugin.py      pytest plugin: repeats, each outcome to the harness over a pipe
-* report.py      scoring (also make test's), results.json (Gradescope's schema), grade.md, grades.csv
+* report.py      scoring by the rubric (also make test's), results.json (Gradescope's schema), grade.md, grades.csv
 * sandbox.py     the first process of a run (not dumpable), and the ranks' view of the file systems
 * rank_server.py the fork server's first act: as privileged as a rank, no more
 * student.py     as root: a uid of its own per submission; every process of it killed, its files removed

@@ -6,8 +6,14 @@ each rank getting its own shard of the batch. DDP ranks start from different ran
 (rank 0's are the reference's): a wrapper must broadcast them at construction, and one that
 rebuilds weights from a seed fails. The reference is single-process training on the whole
 batch (plain torch, no collective); every rank's parameters are compared with it after
-construction and after every step, so a missing average, a missing sync or a rank left behind
-fails where it happens, with the rank, step, parameter, gap and tolerance.
+construction and after every step ("after construction", "after step 1 of 3": one numbering
+everywhere), so a missing average, a missing sync or a rank left behind fails where it happens:
+first whether the ranks agree with each other ("rank 0 and rank 1 hold different weights after
+step 1 of 3: gradients are not averaged over ranks"), then the rank, parameter, gap and
+tolerance against the reference. The reference must move, or the test could not tell.
+
+A run returns its finding instead of raising it (``Run``): a test of what a problem is named for
+(sharding, overlap) reports its own finding first and the training's after it (``findings``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from grading import models, probes, training, wire
+from grading.problems import named_for
 
 BATCH = 12  # divisible by world sizes 2 and 3
 # float32: averaging shards vs one mean differs by a few ulps; a sum instead of a mean is 2x off.
@@ -41,6 +48,9 @@ class ZeroCase:
     optimizer: str = "adamw"
     steps: int = 3
     layers: int = 6  # equal layers: divisible by world sizes 2 and 3
+    groups: bool = False  # two parameter groups with their own lr and weight_decay (models.zero_groups)
+    unfreeze: bool = False  # two layers frozen, then added as a group after step 1 (models.added_group)
+    measure_state: bool = False  # count the tensors alive in each rank (a full scan: about a second)
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,27 @@ class FSDPCase:
     # Even leading dimensions, divisible by world sizes 2 and 3: the course's tests use such
     # tensors (release 26.1.4), so an FSDP that requires them is within the handout.
     shape: models.LMShape = field(default_factory=lambda: models.LMShape(vocab=36, d_model=24, d_ff=48))
+    compute_dtype: str | None = None  # "float16" or "bfloat16"
+
+
+@dataclass
+class Run:
+    """A test's ranks' reports, what the check found about training, and what sizes it needs."""
+
+    reports: list[dict]
+    mismatch: str = ""  # the first difference from single-process training, "" if none
+    full_bytes: int = 0  # what an unsharded rank holds (optimizer state; FSDP's full parameters)
+
+    def assert_matches(self) -> None:
+        if self.mismatch:
+            raise AssertionError(self.mismatch)
+
+
+def findings(*found: str) -> None:
+    """Fail with every finding, each check's own first: one does not hide another."""
+    found = tuple(f for f in found if f)
+    if found:
+        raise AssertionError("; also: ".join(found))
 
 
 def generator() -> torch.Generator:
@@ -72,43 +103,77 @@ def random_state(model: str, g: torch.Generator, layers: int = 8) -> dict[str, t
     return {k: torch.randn(v.shape, generator=g) * 0.3 if v.is_floating_point() else v for k, v in state.items()}
 
 
-def compare(reports: list[dict], expected: list[dict[str, torch.Tensor]], what: list[str]) -> None:
-    """Each rank's parameters at each checkpoint against the reference's; the first gap, by step."""
+def labels(steps: int, construction: bool = True) -> list[str]:
+    """Checkpoints, numbered one way everywhere: "after construction", "after step 1 of 3", ..."""
+    return ["after construction"] * construction + [f"after step {s} of {steps}" for s in range(1, steps + 1)]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float) -> tuple[bool, float, int, float]:
+    """Whether ``got`` is within tolerance of ``want``; the largest gap, where, and what was allowed there."""
+    got = got.to(want.dtype)
+    if torch.allclose(got, want, rtol=rtol, atol=atol, equal_nan=False):
+        return True, 0.0, 0, 0.0
+    gap = (got - want).abs()
+    worst = int(torch.nan_to_num(gap, nan=float("inf")).argmax())
+    return False, gap.flatten()[worst].item(), worst, atol + rtol * want.flatten()[worst].abs().item()
+
+
+def _as_reference(got: torch.Tensor | None, want: torch.Tensor) -> torch.Tensor | None:
+    if got is not None and got.numel() == want.numel() and got.shape != want.shape:
+        return got.reshape(want.shape)
+    return got
+
+
+def compare(reports: list[dict], expected: list[dict[str, torch.Tensor]], what: list[str],
+            disagree: tuple[str, str], tolerance: tuple[float, float] = (RTOL, ATOL)) -> str:
+    """Each rank's parameters at each checkpoint, in order: first whether the ranks agree with each
+    other (``disagree``: what it means at construction, and after a step), then each against the
+    reference. The first finding, or ""."""
+    rtol, atol = tolerance
     for step, reference in enumerate(expected):
-        for rank, report in enumerate(reports):
-            got_all = report["params"][step] if step < len(report["params"]) else {}
+        held = [r["params"][step] if step < len(r["params"]) else {} for r in reports]
+        for rank in range(1, len(reports)):
             for name, want in reference.items():
-                got = got_all.get(name)
+                mine, theirs = _as_reference(held[0].get(name), want), _as_reference(held[rank].get(name), want)
+                if mine is None or theirs is None or mine.shape != theirs.shape:
+                    continue
+                ok, gap, worst, _ = _close(theirs, mine.to(want.dtype), rtol, atol)
+                if not ok:
+                    meaning = disagree[0] if what[step] == "after construction" else disagree[1]
+                    return (f"rank 0 and rank {rank} hold different weights {what[step]}: {meaning} "
+                            f"({name} differs by {gap:.3g} at element {worst})")
+        for rank, got_all in enumerate(held):
+            for name, want in reference.items():
+                got = _as_reference(got_all.get(name), want)
                 if got is None:
-                    raise AssertionError(f"rank {rank}: no parameter named {name} {what[step]} "
-                                         f"(it reported: {', '.join(got_all) or 'none'})")
-                if got.numel() == want.numel() and got.shape != want.shape:
-                    got = got.reshape(want.shape)
+                    return (f"rank {rank}: no parameter named {name} {what[step]} "
+                            f"(it reported: {', '.join(got_all) or 'none'})")
                 if got.shape != want.shape:
-                    raise AssertionError(f"rank {rank}: parameter {name} has shape {tuple(got.shape)} {what[step]}, "
-                                         f"expected {tuple(want.shape)}")
-                got = got.to(want.dtype)
-                if not torch.allclose(got, want, rtol=RTOL, atol=ATOL, equal_nan=False):
-                    gap = (got - want).abs()
-                    worst = int(torch.nan_to_num(gap, nan=float("inf")).argmax())
-                    allowed = ATOL + RTOL * want.flatten()[worst].abs().item()
-                    raise AssertionError(
-                        f"rank {rank}, step {step}: parameter {name} differs from single-process training "
-                        f"by {gap.flatten()[worst].item():.3g} at element {worst} {what[step]} "
-                        f"(tolerance {ATOL:g} + {RTOL:g}·|expected| = {allowed:.3g} there)")
+                    return f"rank {rank}: parameter {name} has shape {tuple(got.shape)} {what[step]}, expected {tuple(want.shape)}"
+                ok, gap, worst, allowed = _close(got, want, rtol, atol)
+                if not ok:
+                    return (f"rank {rank}: parameter {name} {what[step]} differs from single-process training "
+                            f"by {gap:.3g} at element {worst} (tolerance {atol:g} + {rtol:g}·|expected| = {allowed:.3g} there)")
+    return ""
 
 
-def _labels(steps: int, start: str) -> list[str]:
-    return [start] + [f"after optimizer step {s} of {steps}" for s in range(1, steps + 1)]
-
-
-def _train(reference: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[dict], loss) -> list[dict]:
+def _train(reference: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[dict], loss,
+           after_step=None) -> list[dict]:
+    """Single-process training, a snapshot after construction and after every step. It must move
+    every parameter that gets a gradient: a test whose reference stands still could not tell a wrong
+    submission (one that never communicates, say) from a right one."""
     snapshots = [training.snapshot(dict(reference.named_parameters()))]
-    for batch in batches:
+    for step, batch in enumerate(batches, 1):
         optimizer.zero_grad()
         loss(reference, batch).backward()
         optimizer.step()
         snapshots.append(training.snapshot(dict(reference.named_parameters())))
+        if after_step is not None and (group := after_step(step)) is not None:
+            optimizer.add_param_group(group)
+    still = [n for n, p in reference.named_parameters()
+             if p.grad is not None and torch.equal(p.detach().cpu(), snapshots[0][n])]
+    if still:
+        raise RuntimeError(f"grader error: the reference did not move {', '.join(still)}; this test cannot tell")
     return snapshots
 
 
@@ -116,8 +181,11 @@ def _mse(model, batch):
     return F.mse_loss(model(batch["x"]), batch["y"])
 
 
-def run_ddp(ranks, world_size: int, case: DDPCase) -> list[dict]:
-    """Train ``case`` through the DDP adapters on ``world_size`` ranks; each rank's report."""
+DDP_DISAGREE = ("rank 0's weights were not broadcast at construction", "gradients are not averaged over ranks")
+
+
+def run_ddp(ranks, world_size: int, case: DDPCase) -> Run:
+    """Train ``case`` through the DDP adapters on ``world_size`` ranks; reports and finding."""
     g = generator()
     inits = [random_state(case.model, g) for _ in range(world_size)]
     batches = random_batches(case.steps, g)
@@ -127,13 +195,46 @@ def run_ddp(ranks, world_size: int, case: DDPCase) -> list[dict]:
     reference = models.build(case.model)
     reference.load_state_dict(inits[0])
     expected = _train(reference, models.make_optimizer(case.optimizer, reference.parameters()), batches, _mse)
-    compare(reports, expected, _labels(case.steps, "after construction (every rank must start from rank 0's weights)"))
-    return reports
+    what = labels(case.steps)
+    what[0] += " (every rank must start from rank 0's weights)"
+    return Run(reports, compare(reports, expected, what, DDP_DISAGREE))
 
 
-def run_sharded_optimizer(ranks, world_size: int, case: ZeroCase) -> tuple[list[dict], int]:
-    """Train with the sharded optimizer (every rank on the whole batch); the reports, and the
-    bytes of state an unsharded optimizer of the same class holds after the same steps."""
+def overlap_finding(reports: list[dict], model: str, problem: str) -> str:
+    """Whether the gradients overlapped backward: per rank and step, the all-reduces issued before
+    the probe's backward (the layers below it still computing) must carry at least half the bytes
+    of the gradients ready by then, asynchronously (``async_op=True``, waited on only after
+    backward). "" when they did; else what was seen, ending with ``named_for(problem)``."""
+    missed = f"; gradients do not overlap backward {named_for(problem)}"
+    ready = models.above_probe_bytes(models.build(model))
+    for rank, report in enumerate(reports):
+        for step, calls in enumerate(report["reductions"], 1):
+            during = [c for c in calls if c[1]]
+            carried = sum(c[0] for c in during)
+            left_running = sum(c[0] for c in during if c[2])
+            where = f"rank {rank}, step {step}"
+            if not during:
+                return (f"{where}: no all-reduce was issued while backward ran ({len(calls)} after it): gradients "
+                        f"must be communicated as they become ready, not after backward{missed}")
+            if carried < ready / 2:
+                return (f"{where}: the {len(during)} all-reduces issued while backward ran carried {carried} bytes, "
+                        f"under half of the {ready} bytes of gradients ready by then: they do not carry the gradients{missed}")
+            if left_running < ready / 2:
+                blocking = sum(not c[2] for c in during)
+                return (f"{where}: {blocking} of the {len(during)} all-reduces issued while backward ran blocked it "
+                        f"(async_op=False, or waited on before backward returned; {left_running} of {carried} bytes "
+                        f"left running): each must be started with async_op=True and waited on after backward{missed}")
+    return ""
+
+
+ZERO_DISAGREE = ("the ranks were given the same weights",
+                 "every rank must end a step with the parameters each owner updated")
+
+
+def run_sharded_optimizer(ranks, world_size: int, case: ZeroCase) -> Run:
+    """Train with the sharded optimizer (every rank on the whole batch, the case's parameter
+    groups); the reports, the finding, and the bytes of state an unsharded optimizer of the same
+    class holds after the same steps."""
     g = generator()
     init = random_state("equal", g, case.layers)
     batches = random_batches(case.steps, g)
@@ -142,47 +243,60 @@ def run_sharded_optimizer(ranks, world_size: int, case: ZeroCase) -> tuple[list[
     reference = models.build("equal", case.layers)
     reference.load_state_dict(init)
     cls, kwargs = models.optimizer_class(case.optimizer)
-    optimizer = cls(reference.parameters(), **kwargs)
-    compare(reports, _train(reference, optimizer, batches, _mse), _labels(case.steps, "after construction"))
+    optimizer = cls(models.zero_groups(reference, asdict(case)), **kwargs)
+    expected = _train(reference, optimizer, batches, _mse, lambda step: models.added_group(reference, asdict(case), step))
+    mismatch = compare(reports, expected, labels(case.steps), ZERO_DISAGREE)
     exclude = {p.untyped_storage().data_ptr() for p in reference.parameters()}
     exclude |= {p.grad.untyped_storage().data_ptr() for p in reference.parameters() if p.grad is not None}
-    return reports, sum(h.nbytes for h in probes.held_tensors(optimizer, "optimizer", exclude))
+    return Run(reports, mismatch, sum(h.nbytes for h in probes.held_tensors(optimizer, "optimizer", exclude)))
 
 
-def run_fsdp(ranks, world_size: int, case: FSDPCase) -> tuple[list[dict], int]:
-    """Train through the FSDP adapters; the reports, and the bytes of the full parameters."""
+# The public 26.1.4 tests' tolerances: float32 atol 1e-6, rtol 1e-4; a compute dtype 1e-4 and
+# 1e-4, against single-process training cast alike. bfloat16 has no public case; the same holds:
+# the correct fixture's largest gap is under a tenth of it for either dtype (SGD, lr 0.01).
+DTYPE_TOLERANCE = {None: (RTOL, ATOL), "float16": (1e-4, 1e-4), "bfloat16": (1e-4, 1e-4)}
+FSDP_DISAGREE = ("", "the full parameters gathered on each rank differ")
+
+
+def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
+    """Train through the FSDP adapters from the grader's initial weights; reports, finding, and
+    the bytes of the full parameters."""
     g = generator()
     vocab = case.shape.vocab
     batches = [{"ids": torch.randint(0, vocab, (BATCH, 6), generator=g),
                 "labels": torch.randint(0, vocab, (BATCH, 6), generator=g)} for _ in range(case.steps)]
-    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=g))
-    job = {"case": {"optimizer": case.optimizer, "shape": asdict(case.shape)}, "seed": seed}
+    init = models.lm_init(case.shape, g)
+    job = {"case": {"optimizer": case.optimizer, "shape": asdict(case.shape), "compute_dtype": case.compute_dtype},
+           "init": init}
     payloads = [wire.encode({**job, "batches": [shard(b, r, world_size) for b in batches]}) for r in range(world_size)]
     reports = ranks(training.train_fsdp, world_size, payloads)
+    dtype = getattr(torch, case.compute_dtype) if case.compute_dtype else None
     try:
-        reference = models.ReferenceLM(case.shape, reports[0]["init"])
+        reference = models.ReferenceLM(case.shape, init, reports[0]["layout"], dtype)
     except (ValueError, KeyError) as e:
         raise AssertionError(f"rank 0: the model built from cs336_basics' Linear and Embedding: {e}") from e
     optimizer = models.make_optimizer(case.optimizer, reference.parameters())
 
     def cross_entropy(model, batch):
-        return F.cross_entropy(model(batch["ids"]).flatten(0, 1), batch["labels"].flatten())
+        return F.cross_entropy(model(batch["ids"]).float().flatten(0, 1), batch["labels"].flatten())
 
     expected = _train(reference, optimizer, batches, cross_entropy)[1:]
     gathered = [{"params": [training.by_model_names(p, expected[0]) for p in r["params"]]} for r in reports]
-    compare(gathered, expected, _labels(case.steps, "")[1:])
-    return reports, sum(p.numel() * p.element_size() for p in reference.parameters())
+    mismatch = compare(gathered, expected, labels(case.steps, construction=False), FSDP_DISAGREE,
+                       DTYPE_TOLERANCE[case.compute_dtype])
+    return Run(reports, mismatch, sum(p.numel() * p.element_size() for p in reference.parameters()))
 
 
-def assert_sharded(reports: list[dict], key: str, full_bytes: int, what: str) -> None:
-    """Every rank holds at most 1/world size of ``full_bytes``, plus a quarter of the whole for
-    a split by whole tensors (the suite's models split evenly by layers at world sizes 2 and 3)."""
+def sharding_finding(reports: list[dict], key: str, full_bytes: int, what: str, problem: str) -> str:
+    """Whether every rank holds at most 1/world size of ``full_bytes``, plus a quarter of the whole
+    for a split by whole tensors (the suite's models split evenly by layers at world sizes 2 and
+    3); the first rank that holds more, ending with ``named_for(problem)``, or ""."""
     world_size = len(reports)
     for rank, report in enumerate(reports):
         held = report[key]
         share = held["bytes"] / full_bytes
         if share > 1 / world_size + 0.25:
             largest = "; ".join(held["largest"]) or "nothing"
-            raise AssertionError(
-                f"rank {rank} holds {held['bytes']} bytes of {what}, {share:.0%} of the unsharded {full_bytes} "
-                f"(sharded: at most 1/{world_size} + 25%); largest: {largest}")
+            return (f"rank {rank} holds {held['bytes']} bytes of {what}, {share:.0%} of the unsharded {full_bytes} "
+                    f"(sharded: at most 1/{world_size} + 25%; largest: {largest}): not sharded {named_for(problem)}")
+    return ""

@@ -3,9 +3,11 @@
 ``Net`` and ``Equal`` are plain torch, so the grader builds the very same module from the same
 weights. The FSDP test's language model must use the submission's own ``Linear`` and
 ``Embedding`` (an FSDP shards layers of those classes), which the grader never imports: a rank
-builds ``StudentLM`` from them and reports every layer's initial parameters, and the grader
-builds ``ReferenceLM`` from that report, with the handout's meaning of each layer (a Linear
-maps ``x`` to ``x W^T`` with ``W`` of shape (out, in); ``x W`` is accepted for (in, out)).
+builds ``StudentLM`` from them and fills every parameter with the grader's initial weights
+(``fill_lm``: a Linear's ``W`` of shape (out, in) as the handout has it, or its transpose for
+a Linear that stores (in, out); a bias; the embedding), reporting only where each went. The
+grader builds ``ReferenceLM`` from its own weights laid out the same way, so nothing the
+submission's layers do at construction (zeros, say) reaches the reference.
 """
 
 from __future__ import annotations
@@ -73,14 +75,25 @@ def build(model: str, layers: int = 8) -> nn.Module:
 
 # AdamW's first step is lr·g/(|g| + eps): with the default eps (1e-8) a gradient near 0 turns a
 # float32 rounding difference (another summation order over ranks) into up to lr in the weight,
-# and a correct submission failed 1 run in 4; eps = 1e-3 bounds that to lr/eps = 10 times it.
+# and correct submissions failed now and then (3.95e-05 against a tolerance of 7.51e-06 on the
+# correct fixture's bucketed DDP; 1.83e-05 against 2.84e-06 on its FSDP); eps = 1e-3 bounds that
+# to lr/eps = 10 times the rounding difference.
 ADAMW = {"lr": 1e-2, "weight_decay": 0.1, "eps": 1e-3}
 
 
+def above_probe_bytes(model: nn.Module) -> int:
+    """Bytes of the gradients ready before the probe's backward: every trainable parameter but
+    the first layer's (below the probe)."""
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+               if p.requires_grad and not n.startswith("first."))
+
+
 def make_optimizer(kind: str, params) -> torch.optim.Optimizer:
-    if kind == "sgd":
-        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
-    return torch.optim.AdamW(params, **ADAMW)
+    """"sgd" (with momentum), "adamw", or "public_sgd": the public FSDP tests' SGD(lr=0.01)."""
+    if kind == "public_sgd":
+        return torch.optim.SGD(params, lr=0.01)
+    cls, kwargs = optimizer_class(kind)
+    return cls(params, **kwargs)
 
 
 def optimizer_class(kind: str) -> tuple[type[torch.optim.Optimizer], dict]:
@@ -88,6 +101,37 @@ def optimizer_class(kind: str) -> tuple[type[torch.optim.Optimizer], dict]:
     if kind == "adamw":
         return torch.optim.AdamW, dict(ADAMW)
     return torch.optim.SGD, {"lr": 0.1, "momentum": 0.9}
+
+
+# The sharded optimizer's parameter groups (of ``Equal(layers=6)``): at construction, two groups
+# with their own learning rates (and the first its own weight decay); or two layers frozen at
+# first and added as a group of their own after step 1, as when unfreezing layers.
+FIRST_GROUP = ("first.weight", "hidden.0.weight", "hidden.1.weight", "hidden.2.weight")
+UNFROZEN = ("hidden.4.weight", "hidden.5.weight")
+UNFROZEN_AFTER_STEP = 1
+
+
+def zero_groups(model: nn.Module, case: dict) -> list:
+    """What the optimizer is constructed with: parameters, or groups with their own options."""
+    lr = optimizer_class(case["optimizer"])[1]["lr"]
+    named = dict(model.named_parameters())
+    if case.get("unfreeze"):
+        for name in UNFROZEN:
+            named[name].requires_grad_(False)
+    if not case.get("groups"):
+        return [p for p in named.values() if p.requires_grad]
+    return [{"params": [named[n] for n in FIRST_GROUP], "lr": lr * 2, "weight_decay": 0.05},
+            {"params": [p for n, p in named.items() if n not in FIRST_GROUP], "lr": lr * 0.5}]
+
+
+def added_group(model: nn.Module, case: dict, step: int) -> dict | None:
+    """After step ``UNFROZEN_AFTER_STEP`` of an "unfreeze" case: the unfrozen layers' new group."""
+    if not case.get("unfreeze") or step != UNFROZEN_AFTER_STEP:
+        return None
+    named = dict(model.named_parameters())
+    for name in UNFROZEN:
+        named[name].requires_grad_(True)
+    return {"params": [named[n] for n in UNFROZEN]}  # the constructor's options: a group's own are tested apart
 
 
 @dataclass(frozen=True)
@@ -105,8 +149,9 @@ class Norm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # in float32, back to the input's dtype (the course's RMSNorm)
+        h = x.float()
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
 
 
 LM_LAYERS = ("embedding", "norm", "up", "down", "lm_head")
@@ -116,6 +161,51 @@ def lm_forward(lm: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     h = lm.norm(lm.embedding(ids))
     h = h + lm.down(torch.relu(lm.up(h)))
     return lm.lm_head(h)
+
+
+def lm_init(shape: LMShape, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """The grader's initial weights, by layer, in the handout's layout: ``W`` (out, in), a bias
+    for a Linear that has one, the embedding (vocab, d_model), the norm's gain."""
+    dims = lm_dims(shape)
+    init = {"embedding.weight": torch.randn(shape.vocab, shape.d_model, generator=g),
+            "norm.weight": 1 + 0.1 * torch.randn(shape.d_model, generator=g)}
+    for layer in ("up", "down", "lm_head"):
+        fan_in, fan_out = dims[layer]
+        std = (2 / (fan_in + fan_out)) ** 0.5
+        init[f"{layer}.weight"] = torch.randn(fan_out, fan_in, generator=g) * std
+        init[f"{layer}.bias"] = torch.randn(fan_out, generator=g) * 0.1
+    return init
+
+
+def lm_dims(shape: LMShape) -> dict[str, tuple[int, int]]:
+    return {"embedding": (shape.vocab, shape.d_model), "up": (shape.d_model, shape.d_ff),
+            "down": (shape.d_ff, shape.d_model), "lm_head": (shape.d_model, shape.vocab)}
+
+
+def arrange(init: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """The grader's initial value for parameter ``name`` (``layer.attribute``) of ``shape``."""
+    layer = name.split(".")[0]
+    weight = init[f"{layer}.weight"]
+    if tuple(shape) == tuple(weight.shape):
+        return weight
+    if layer not in ("embedding", "norm") and weight.dim() == 2:
+        if tuple(shape) == tuple(weight.shape[::-1]):
+            return weight.t().contiguous()
+        if tuple(shape) == tuple(init[f"{layer}.bias"].shape):
+            return init[f"{layer}.bias"]
+    raise ValueError(f"the submission's {layer} layer has a parameter {name} of shape {tuple(shape)}, which is "
+                     f"neither its weight {tuple(weight.shape)} (or transposed) nor a bias")
+
+
+def fill_lm(model: nn.Module, init: dict[str, torch.Tensor]) -> dict[str, list[int]]:
+    """Fill every parameter of ``model`` (a StudentLM) with the grader's initial weights, before
+    any wrapper sees it; where each went: its name and shape."""
+    layout = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(arrange(init, name, tuple(p.shape)))
+            layout[name] = list(p.shape)
+    return layout
 
 
 def student_lm(shape: LMShape) -> nn.Module:
@@ -138,11 +228,13 @@ def student_lm(shape: LMShape) -> nn.Module:
 
 
 class _Layer(nn.Module):
-    """One reference layer holding the parameters a rank reported under their own names."""
+    """One reference layer holding its parameters under the names the submission's layer uses;
+    with ``compute_dtype``, it computes with them cast to that dtype (the master stays float32)."""
 
-    def __init__(self, kind: str, params: dict[str, torch.Tensor], dims: tuple[int, int]):
+    def __init__(self, kind: str, params: dict[str, torch.Tensor], dims: tuple[int, int],
+                 compute_dtype: torch.dtype | None = None):
         super().__init__()
-        self.kind, self.dims, self.names = kind, dims, list(params)
+        self.kind, self.dims, self.names, self.compute_dtype = kind, dims, list(params), compute_dtype
         for name, value in params.items():
             self.register_parameter(name, nn.Parameter(value.detach().clone().float()))
         weights = [n for n in self.names if getattr(self, n).dim() == 2]
@@ -151,38 +243,36 @@ class _Layer(nn.Module):
             raise ValueError(f"a {kind} layer with parameters {describe(params)}: expected one weight "
                              "matrix (and at most one bias)")
         self.weight_name, self.bias_name = weights[0], biases[0] if biases else None
-        rows, cols = getattr(self, self.weight_name).shape
-        if kind == "embedding":
-            if (rows, cols) != dims:
-                raise ValueError(f"an Embedding weight of shape {(rows, cols)}, expected {dims}")
-        elif (rows, cols) not in (dims[::-1], dims):
-            raise ValueError(f"a Linear weight of shape {(rows, cols)} for {dims[0]} → {dims[1]} features")
+
+    def _cast(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.compute_dtype is None else t.to(self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = getattr(self, self.weight_name)
+        weight = self._cast(getattr(self, self.weight_name))
         if self.kind == "embedding":
             return F.embedding(x, weight)
-        bias = getattr(self, self.bias_name) if self.bias_name else None
+        bias = self._cast(getattr(self, self.bias_name)) if self.bias_name else None
         if tuple(weight.shape) == self.dims[::-1]:  # (out, in): the handout's y = x W^T
             return F.linear(x, weight, bias)
         return x @ weight + (0 if bias is None else bias)
 
 
 class ReferenceLM(nn.Module):
-    """``StudentLM``'s computation in plain torch, from the initial parameters a rank reported
-    (``{"up.weight": tensor, ...}``: names as the rank's model gave them)."""
+    """``StudentLM``'s computation in plain torch, from the grader's initial weights laid out as
+    the submission's layers hold them (``layout``: the names and shapes a rank reported)."""
 
-    def __init__(self, shape: LMShape, params: dict[str, torch.Tensor]):
+    def __init__(self, shape: LMShape, init: dict[str, torch.Tensor], layout: dict[str, list[int]],
+                 compute_dtype: torch.dtype | None = None):
         super().__init__()
-        dims = {"embedding": (shape.vocab, shape.d_model), "up": (shape.d_model, shape.d_ff),
-                "down": (shape.d_ff, shape.d_model), "lm_head": (shape.d_model, shape.vocab)}
+        dims = lm_dims(shape)
         for layer in LM_LAYERS:
-            mine = {k.removeprefix(f"{layer}."): v for k, v in params.items() if k.startswith(f"{layer}.")}
+            mine = {k.removeprefix(f"{layer}."): arrange(init, k, tuple(v)) for k, v in layout.items()
+                    if k.startswith(f"{layer}.")}
             if layer == "norm":
                 self.norm = Norm(shape.d_model)
                 self.norm.weight.data.copy_(mine["weight"])
             else:
-                self.add_module(layer, _Layer(layer, mine, dims[layer]))
+                self.add_module(layer, _Layer(layer, mine, dims[layer], compute_dtype))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return lm_forward(self, ids)

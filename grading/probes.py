@@ -2,17 +2,21 @@
 
 * ``CollectiveLog`` wraps torch.distributed's collectives (installed before the submission is
   imported, so ``from torch.distributed import all_reduce`` gets the wrapped one too) and records
-  each call, and whether backward was still running when it was issued.
+  each call: whether backward was still running when it was issued, the bytes it carried, and,
+  for a reduction, whether it was asynchronous (``async_op=True``) and left pending until
+  backward had finished. A 1-element all-reduce carries 4 bytes, not a gradient.
 * ``BackwardProbe`` is an identity layer whose backward marks the moment the gradients of every
   layer above it are done and only the layers below remain: a collective logged before that
   moment overlapped backward.
 * ``held_tensors`` lists the tensor storages an object holds, however it nests them, each with
-  the path to it: the evidence a memory check shows.
+  the path to it: the evidence a memory check shows. ``live_tensors`` lists every tensor storage
+  alive in the rank (a module-level global too), each with such a path where one is known.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 import types
 from collections import deque
 from dataclasses import dataclass, field
@@ -27,26 +31,77 @@ OTHERS = ("broadcast", "all_gather", "all_gather_into_tensor", "_all_gather_base
 
 
 @dataclass
+class Call:
+    """One collective a rank issued."""
+
+    name: str
+    during_backward: bool  # issued before the probe's backward: layers below it still had work
+    nbytes: int  # the payload: the largest tensor argument (a list of tensors counts whole)
+    is_async: bool = False  # async_op=True: it returned a work handle
+    waited_in_backward: bool = False  # its handle was waited on before loss.backward() returned
+
+    @property
+    def reduction(self) -> bool:
+        return self.name in REDUCTIONS
+
+    @property
+    def overlapping(self) -> bool:
+        """Left to run while backward went on: asynchronous and not waited inside backward."""
+        return self.is_async and not self.waited_in_backward
+
+
+@dataclass
 class CollectiveLog:
-    calls: list[tuple[str, bool]] = field(default_factory=list)  # (name, issued while backward ran)
-    in_backward: bool = False
+    calls: list[Call] = field(default_factory=list)
+    in_backward: bool = False  # from loss.backward() until the probe's backward
+    backward_running: bool = False  # from loss.backward() until it returns
     paused: bool = False  # the suite's own collectives are not the submission's
 
-    def reductions(self, since: int = 0) -> int:
-        return sum(name in REDUCTIONS for name, _ in self.calls[since:])
-
-    def reductions_during_backward(self, since: int = 0) -> int:
-        return sum(name in REDUCTIONS and during for name, during in self.calls[since:])
+    def reductions(self, since: int = 0) -> list[Call]:
+        return [c for c in self.calls[since:] if c.reduction]
 
 
 LOG = CollectiveLog()
 
 
+def payload_bytes(args: tuple, kwargs: dict) -> int:
+    """The bytes a collective carries: its largest tensor argument, a list of tensors summed
+    (reduce_scatter's inputs); the output of reduce_scatter_tensor is smaller than its input."""
+    sizes = [0]
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            sizes.append(value.numel() * value.element_size())
+        elif isinstance(value, (list, tuple)):
+            sizes.append(sum(t.numel() * t.element_size() for t in value if isinstance(t, torch.Tensor)))
+    return max(sizes)
+
+
+class TrackedWork:
+    """A collective's work handle, passed through, that notes a wait while backward still runs."""
+
+    def __init__(self, work, call: Call):
+        self._work, self._call = work, call
+
+    def wait(self, *args, **kwargs):
+        if LOG.backward_running:
+            self._call.waited_in_backward = True
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._work, name)
+
+
 def _wrapped(name: str, original):
     def collective(*args, **kwargs):
-        if not LOG.paused:
-            LOG.calls.append((name, LOG.in_backward))
-        return original(*args, **kwargs)
+        if LOG.paused:
+            return original(*args, **kwargs)
+        call = Call(name, LOG.in_backward, payload_bytes(args, kwargs))
+        LOG.calls.append(call)
+        work = original(*args, **kwargs)
+        if work is not None and hasattr(work, "wait"):
+            call.is_async = True
+            return TrackedWork(work, call)
+        return work
 
     collective.__wrapped__ = original
     collective.__name__ = name
@@ -83,8 +138,15 @@ class BackwardProbe(torch.nn.Module):
         return _Probe.apply(x)
 
 
-def mark_backward_start() -> None:
-    LOG.in_backward = True
+class backward_running:
+    """``with backward_running(): loss.backward()``: marks the whole of backward, and its first
+    part (until the probe's backward) as the part other layers' work can overlap."""
+
+    def __enter__(self):
+        LOG.in_backward = LOG.backward_running = True
+
+    def __exit__(self, *exc):
+        LOG.in_backward = LOG.backward_running = False
 
 
 @dataclass(frozen=True)
@@ -106,6 +168,75 @@ def held_tensors(root: object, name: str, exclude: set[int] = frozenset()) -> li
     data pointer is in ``exclude``, each with the shortest path to it (breadth first). Follows
     containers (dict keys too), instance attributes and slots, modules' parameter, buffer, hook
     and submodule tables, tensor attributes, bound methods and closures; not modules or classes."""
+    return sorted(_walk(root, name, exclude).values(), key=lambda h: -h.nbytes)
+
+
+def reachable_storages(root: object) -> set[int]:
+    """The data pointers of every tensor storage reachable from ``root``."""
+    return set(_walk(root, "", set()))
+
+
+def count_from_here() -> None:
+    """Leave every object alive now (torch's, the grader's, the data a rank was sent) out of
+    ``live_tensors``: the collector's permanent generation, which it neither lists nor scans, so
+    a later count walks only what was made since (milliseconds, not a scan of torch's objects)."""
+    gc.freeze()
+
+
+def live_tensors(exclude: set[int], named: dict[str, object]) -> list[Holder]:
+    """Every tensor storage alive in this process and made since ``count_from_here``, except those
+    in ``exclude``: what a rank holds, wherever it keeps it (a module-level global too; the garbage
+    collector tracks every tensor).
+    Each has its path from one of the ``named`` roots where one reaches it; if the largest has
+    none, the module global it hangs from is named."""
+    gc.collect()
+    reached: dict[int, Holder] = {}
+    for root_name, root in named.items():
+        for ptr, holder in _walk(root, root_name, exclude).items():
+            reached.setdefault(ptr, holder)
+    live: dict[int, Holder | torch.Tensor] = {}
+    for obj in gc.get_objects():
+        if issubclass(type(obj), torch.Tensor) and obj.device.type != "meta":  # type(): no proxy's __class__
+            storage = obj.untyped_storage()
+            ptr = storage.data_ptr()
+            if storage.nbytes() and ptr not in exclude and ptr not in live:
+                live[ptr] = reached.get(ptr, obj)
+    ordered = sorted(live.values(), key=lambda h: -(h.nbytes if isinstance(h, Holder) else h.untyped_storage().nbytes()))
+    out = []
+    for i, h in enumerate(ordered):
+        if isinstance(h, torch.Tensor):
+            where = _referrer(h, {id(live), id(ordered), id(reached)}) if i == 0 else "elsewhere in the rank"
+            h = Holder(where, tuple(h.shape), str(h.dtype).removeprefix("torch."), h.untyped_storage().nbytes())
+        out.append(h)
+    return out
+
+
+def _referrer(tensor: torch.Tensor, ignore: set[int]) -> str:
+    """Where a tensor no named root reaches lives: the module global it hangs from, found by
+    walking referrers up (breadth first, at most 16 steps: each scans every object)."""
+    modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
+    frontier, seen = deque([(tensor, "")]), {id(tensor), *ignore}
+    for _ in range(16):
+        if not frontier:
+            break
+        obj, below = frontier.popleft()
+        for ref in gc.get_referrers(obj):
+            if id(ref) in seen or isinstance(ref, (types.FrameType, deque)):
+                continue
+            seen.add(id(ref))
+            step = ""
+            if isinstance(ref, dict):
+                key = next((k for k, v in ref.items() if v is obj), None)
+                if id(ref) in modules and isinstance(key, str):
+                    return f"global {modules[id(ref)]}.{key}{below}"
+                step = f"[{_label(key)}]"
+            elif isinstance(ref, (list, tuple)):
+                step = next((f"[{i}]" for i, v in enumerate(ref) if v is obj), "")
+            frontier.append((ref, step + below))
+    return "elsewhere in the rank (no global of the submission's names it)"
+
+
+def _walk(root: object, name: str, exclude: set[int]) -> dict[int, Holder]:
     seen: set[int] = set()
     found: dict[int, Holder] = {}
     queue: deque[tuple[object, str]] = deque([(root, name)])
@@ -148,7 +279,7 @@ def held_tensors(root: object, name: str, exclude: set[int] = frozenset()) -> li
             queue.extend((v, f"{path}.{k}") for k, v in named.items())
             known = {id(v) for v in named.values()} | {id(getattr(obj, "__dict__", None))}
             queue.extend((r, f"{path}.<ref>") for r in gc.get_referents(obj) if id(r) not in known)
-    return sorted(found.values(), key=lambda h: -h.nbytes)
+    return found
 
 
 def _label(key: object) -> str:
@@ -165,3 +296,4 @@ def _filled(cell) -> bool:
     except ValueError:
         return False
     return True
+

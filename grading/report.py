@@ -1,8 +1,10 @@
 """From test runs to grades: results.json (Gradescope's schema), grade.md, the console table, grades.csv.
 
-A problem's points are split over its graded tests in shares of 1/10^4 that sum to exactly the
-handout's points; a test scores only if every repetition passed, and one that passed some but
-not all is marked flaky, with its failure shown. A test beyond the handout is reported, worth 0.
+A problem's points are split over its graded tests by its rubric (problems.toml: each test's
+share, in units of 1/10^4 that sum to exactly the handout's points), and capped when a test of
+what the problem is named for fails; a test scores only if every repetition passed, and one
+that passed some but not all is marked flaky, with its failure shown. A test beyond the handout
+is reported, worth 0.
 ``make test``'s grade table scores with the same functions (tests/grading.py).
 Gradescope's format: https://gradescope-autograders.readthedocs.io/en/latest/specs/ (top-level
 ``score`` and ``execution_time``; ``tests`` with ``name``, ``score``, ``max_score``, ``status``,
@@ -16,10 +18,10 @@ import importlib.metadata
 import json
 import platform
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from grading.problems import GRADED, POINTS
+from grading.problems import GRADED, POINTS, RUBRIC, named_for, test_function
 
 VISIBILITY = "visible"  # Gradescope: students see their results at once (or "after_published", ...)
 STDOUT_VISIBILITY = "hidden"  # the console log names the grader's paths; staff read it, students read "output"
@@ -36,6 +38,8 @@ class TestGrade:
     max_score: float
     beyond: bool = False  # a check beyond the handout: reported, worth 0
     requirement: str = ""  # what the handout asks that this test checks (its docstring)
+    capped_score: float | None = None  # its part of the capped points, when the problem's cap applies
+    capped: str = ""  # why: the cap and the failed test of what the problem is named for
 
     @property
     def passed(self) -> bool:
@@ -47,10 +51,14 @@ class TestGrade:
 
     @property
     def score(self) -> float:
-        return self.max_score if self.passed else 0.0
+        if not self.passed:
+            return 0.0
+        return self.max_score if self.capped_score is None else self.capped_score
 
     @property
     def output(self) -> str:
+        if self.passed and self.capped:
+            return f"passed {self.runs}/{self.runs} runs; scores {self.score:g} of {self.max_score:g}: {self.capped}"
         if self.passed:
             return f"passed {self.runs}/{self.runs} runs"
         checks = f" [checks: {self.requirement}]" if self.requirement else ""
@@ -69,19 +77,58 @@ class ProblemGrade:
     possible: int
     beyond_passed: int = 0  # tests beyond the handout, worth 0
     beyond_total: int = 0
+    capped: str = ""  # the cap that applied, and why
 
 
-def shares(points: int, tests: int) -> list[float]:
-    """``points`` split over ``tests`` in units of 10^-4, the remainder to the first: they sum exactly."""
-    base, extra = divmod(points * 10_000, tests)
-    return [(base + (i < extra)) / 10_000 for i in range(tests)]
+def shares(points: float, tests: int | list[float]) -> list[float]:
+    """``points`` split over ``tests`` (a count: evenly; or weights: in proportion) in units of
+    10^-4, the largest remainders rounded up: they sum exactly."""
+    weights = [1.0] * tests if isinstance(tests, int) else tests
+    total = round(points * 10_000)
+    exact = [total * w / sum(weights) for w in weights]
+    units = [int(u) for u in exact]
+    for i in sorted(range(len(exact)), key=lambda i: (units[i] - exact[i], i))[:total - sum(units)]:
+        units[i] += 1
+    return [u / 10_000 for u in units]
+
+
+def rubric_weights(problem: str, names: list[str]) -> list[float] | None:
+    """Each graded test's weight by the problem's rubric (a function's share split evenly over
+    its parameters), or None where the rubric does not cover them: a problem without one, or
+    ``make test``'s table, which adds this repository's own tests (tests/...) to the suite's."""
+    rubric = RUBRIC.get(problem)
+    functions = [test_function(n) for n in names]
+    if rubric is None or not names or any("/" in n.split("::")[0] or f not in rubric.shares for n, f in zip(names, functions)):
+        return None
+    return [rubric.shares[f] / functions.count(f) for f in functions]
+
+
+def apply_cap(problem: str, tests: list[TestGrade], points: int) -> list[TestGrade]:
+    """The problem's cap: when a test of what it is named for failed for want of it (its finding
+    ends with ``named_for``; a failure of training alone does not cap), the passed tests share at
+    most the capped points, in proportion to their shares."""
+    rubric = RUBRIC.get(problem)
+    graded_tests = [t for t in tests if not t.beyond]
+    if rubric is None or rubric_weights(problem, [t.name for t in graded_tests]) is None:
+        return tests
+    missed = [t for t in graded_tests if test_function(t.name) in rubric.point and not t.passed
+              and named_for(problem) in t.reason]
+    earned = sum(t.max_score for t in graded_tests if t.passed)
+    limit = rubric.capped_points(points)
+    if not missed or earned <= limit:
+        return tests
+    why = (f"{problem} is capped at {rubric.cap} of its points ({limit:g} of {points}): "
+           f"{missed[0].name.split('::')[-1]} found it missing what the problem is named for")
+    passed = [t for t in graded_tests if t.passed]
+    capped = dict(zip(map(id, passed), shares(limit, [t.max_score for t in passed])))
+    return [replace(t, capped_score=capped[id(t)], capped=why) if id(t) in capped else t for t in tests]
 
 
 def grade_tests(entries: list[dict], problems: list[str], notes: dict[str, str] | None = None,
                 not_run: str = "not run", points: dict[str, int] | None = None) -> list[TestGrade]:
-    """One grade per test of ``problems`` from the plugin's JSON lines. A collected test that
-    never ran fails with ``not_run``; a problem with no test at all (the suite could not start)
-    gets one failed entry whose output is ``notes[problem]``."""
+    """One grade per test of ``problems`` from the plugin's JSON lines, split and capped by each
+    problem's rubric. A collected test that never ran fails with ``not_run``; a problem with no
+    test at all (the suite could not start) gets one failed entry whose output is ``notes[problem]``."""
     points = points or {p: POINTS[p][0] for p in problems}
     by_test: dict[str, list[dict]] = defaultdict(list)
     collected: dict[str, list[dict]] = defaultdict(list)
@@ -94,16 +141,19 @@ def grade_tests(entries: list[dict], problems: list[str], notes: dict[str, str] 
     for problem in problems:
         tests = sorted(collected.get(problem, []), key=lambda e: e["collected"])
         graded_tests = [e for e in tests if not e.get("beyond")]
+        mine = []
         if not graded_tests:
             reason = (notes or {}).get(problem, not_run)
-            grades.append(TestGrade(f"{problem} (not run)", problem, 1, 0, reason, float(points[problem])))
-        split = iter(shares(points[problem], len(graded_tests) or 1))
+            mine.append(TestGrade(f"{problem} (not run)", problem, 1, 0, reason, float(points[problem])))
+        weights = rubric_weights(problem, [e["collected"] for e in graded_tests])
+        split = iter(shares(points[problem], weights or len(graded_tests) or 1))
         for entry in tests:
             runs = by_test[entry["collected"]] or [{"passed": False, "reason": not_run}]
             failures = [e["reason"] for e in runs if not e["passed"]]
-            grades.append(TestGrade(entry["collected"], problem, len(runs), len(runs) - len(failures),
-                                    failures[0] if failures else "", 0.0 if entry.get("beyond") else next(split),
-                                    bool(entry.get("beyond")), entry.get("requirement", "")))
+            mine.append(TestGrade(entry["collected"], problem, len(runs), len(runs) - len(failures),
+                                  failures[0] if failures else "", 0.0 if entry.get("beyond") else next(split),
+                                  bool(entry.get("beyond")), entry.get("requirement", "")))
+        grades += apply_cap(problem, mine, points[problem])
     return grades
 
 
@@ -123,7 +173,7 @@ def problem_grades(tests: list[TestGrade], problems: list[str], hand: list[str] 
         beyond = [t for t in tests if t.problem == problem and t.beyond]
         rows.append(ProblemGrade(problem, sum(t.passed for t in mine), len(mine), sum(t.flaky for t in mine),
                                  round(sum(t.score for t in mine), 4), points[problem],
-                                 sum(t.passed for t in beyond), len(beyond)))
+                                 sum(t.passed for t in beyond), len(beyond), next((t.capped for t in mine if t.capped), "")))
     rows += [ProblemGrade(p, 0, 0, 0, None, points[p]) for p in hand]
     return rows
 
@@ -227,6 +277,8 @@ def grade_markdown(name: str, header: str, rows: list[ProblemGrade], tests: list
     auto = [r for r in rows if r.points is not None]
     out.append(f"| **total (tested problems)** | {sum(r.passed for r in auto)}/{sum(r.total for r in auto)} | "
                f"{sum(r.flaky for r in auto)} |  | **{sum(r.points for r in auto):.1f} / {sum(r.possible for r in auto)}** |")
+    capped = [f"**Capped:** {r.capped}." for r in rows if r.capped]
+    out += ["", *capped] if capped else []
     failed = [t for t in tests if not t.passed and not t.beyond]
     if failed:
         out += ["", "## Failed tests", ""]
@@ -235,7 +287,25 @@ def grade_markdown(name: str, header: str, rows: list[ProblemGrade], tests: list
     if beyond:
         out += ["", "## Beyond the handout (reported, 0 points)", ""]
         out += [f"- `{t.name}`: {'passed' if t.passed else t.output}" for t in beyond]
+    rubric = rubric_lines([r.problem for r in rows if r.points is not None], {r.problem: r.possible for r in rows})
+    if rubric:
+        out += ["", "## Rubric (grading/problems.toml)", "", *rubric]
     return "\n".join(out) + "\n"
+
+
+def rubric_lines(problems: list[str], points: dict[str, int]) -> list[str]:
+    """Each problem's rubric in words: every graded test's share, and the cap."""
+    lines = []
+    for problem in problems:
+        rubric = RUBRIC.get(problem)
+        if rubric is None:
+            continue
+        split = ", ".join(f"{test} {share:g}" for test, share in rubric.shares.items())
+        point = " and ".join(rubric.point)
+        lines.append(f"- {problem} ({points[problem]} points): {split} (a test run at several parameters splits "
+                     f"its share evenly). Named for {point}: a solution that fails it earns at most {rubric.cap} "
+                     f"of the points ({rubric.capped_points(points[problem]):g}).")
+    return lines
 
 
 def write_outputs(out: Path, name: str, header: str, tests: list[TestGrade], rows: list[ProblemGrade],

@@ -1,38 +1,64 @@
 """fsdp (2026): Linear and Embedding weights sharded over ranks, gathered when used.
 
+The grader chooses the initial weights and fills the submission's model with them before it is
+wrapped (grading/models.py), so a model whose own layers start at zero trains like any other.
 Graded tests use leading dimensions that divide world sizes 2 and 3 (as the course's own tests
 do since release 26.1.4); uneven shards are checked beyond the handout, for 0 points.
 """
 
 import pytest
 
-from grading.checks import FSDPCase, assert_sharded, run_fsdp
+from grading.checks import FSDPCase, findings, run_fsdp, sharding_finding
 from grading.models import LMShape
 
-pytestmark = pytest.mark.problem("fsdp")
+PROBLEM = "fsdp"
+pytestmark = pytest.mark.problem(PROBLEM)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_matches_single_process(ranks, world_size):
     """handout: training through the FSDP wrapper matches single-process training; the gathered
     full parameters equal the reference's after every step."""
-    run_fsdp(ranks, world_size, FSDPCase())
+    run_fsdp(ranks, world_size, FSDPCase()).assert_matches()
 
 
 def test_adamw(ranks):
-    """handout: the optimizer steps the sharded parameters only (here AdamW, whose state is per element)."""
-    run_fsdp(ranks, 2, FSDPCase(optimizer="adamw"))
+    """handout: "Each shard of this container should be compatible with the standard AdamW
+    implementation": the optimizer steps the sharded parameters only."""
+    run_fsdp(ranks, 2, FSDPCase(optimizer="adamw")).assert_matches()
+
+
+@pytest.mark.parametrize("compute_dtype", ["float16", "bfloat16"])
+def test_compute_dtype(ranks, compute_dtype):
+    """handout: "When compute_dtype is provided, cast the weights to that dtype before communicating
+    or using them for compute, while keeping master weights and optimizer updates in FP32": as the
+    public 26.1.4 tests, SGD(lr=0.01) against single-process training cast alike (within their
+    1e-4, float16 and bfloat16), the model computing in that dtype, and every parameter and gradient the optimizer
+    sees in float32."""
+    run = run_fsdp(ranks, 2, FSDPCase(optimizer="public_sgd", compute_dtype=compute_dtype))
+    output = run.reports[0]["output"]
+    computed = "" if output == f"torch.{compute_dtype}" else (
+        f"rank 0: the model's output is {output} with compute_dtype=torch.{compute_dtype} (the suite's model keeps "
+        "its activations' dtype): the Linear and Embedding weights were not cast to it for compute")
+    masters = ""
+    for rank, report in enumerate(run.reports):
+        wrong = {n: d for n, d in report["masters"].items() if d[0] != "torch.float32" or d[1] not in ("torch.float32", "")}
+        if wrong and not masters:
+            name, (param, grad) = next(iter(wrong.items()))
+            masters = (f"rank {rank}: after fsdp_on_after_backward, parameter {name} is {param} with a {grad or 'no'} "
+                       f"gradient: master weights and their gradients stay float32 ({len(wrong)} such)")
+    findings(computed, run.mismatch, masters)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_parameters_are_sharded(ranks, world_size):
     """handout: each rank keeps 1/world size of each Linear and Embedding weight between steps,
-    and frees the gathered full weights after use."""
-    reports, full = run_fsdp(ranks, world_size, FSDPCase())
-    assert_sharded(reports, "resident", full, "parameters between steps")
+    and frees the gathered full weights after use; it still trains as single-process training does."""
+    run = run_fsdp(ranks, world_size, FSDPCase())
+    findings(sharding_finding(run.reports, "resident", run.full_bytes, "parameters between steps", PROBLEM), run.mismatch)
 
 
 @pytest.mark.beyond_handout
 def test_uneven_shards(ranks):
     """beyond the handout: dimensions that do not divide the world size (vocabulary 37 over 3 ranks)."""
-    run_fsdp(ranks, 3, FSDPCase(shape=LMShape(vocab=37, d_model=20, d_ff=44)))
+    run_fsdp(ranks, 3, FSDPCase(shape=LMShape(vocab=37, d_model=20, d_ff=44))).assert_matches()

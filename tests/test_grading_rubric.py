@@ -1,0 +1,155 @@
+"""The rubric (grading/problems.toml): each test's share, the caps, and what a student reads.
+
+A problem's points follow what it is named for. One-edit mutants of the correct fixture
+(tests/fixtures/submission), with bugs in different problems' files so that one grading run
+checks three problems at once, must lose exactly their share: a blocking hook or an all-reduce only after backward
+keeps at most a third of the per-parameter DDP's points, an optimizer or an FSDP that shards
+nothing at most a third of theirs, wrong group options or a missing ``add_param_group`` the
+groups tests, an ignored ``compute_dtype`` the compute-dtype tests. Each failure says what it
+found, in the order a TA reads it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from grading.harness import grade
+from grading.problems import POINTS, RUBRIC, named_for
+from grading.report import grade_markdown, grade_tests, problem_grades
+from tests.test_grading import FSDP, PER_PARAMETER, QUICK, ZERO, failures, make_submission, points
+
+pytestmark = pytest.mark.problem("beyond")
+
+SUITE = Path(__file__).resolve().parents[1] / "grading" / "suite"
+SUITE_FILES = {"ddp_overlap_individual_parameters": "test_ddp_individual_parameters.py",
+               "ddp_overlap_bucketed": "test_ddp_bucketed.py", "optimizer_state_sharding": "test_sharded_optimizer.py",
+               "fsdp": "test_fsdp.py"}
+
+# name -> edits (file, old text, new text), each applied exactly once to the fixture
+EDITS: dict[str, list[tuple[str, str, str]]] = {
+    "blocking_hook": [("cs336_systems/ddp.py", "        self.handles.append(dist.all_reduce(p.grad, async_op=True))\n",
+                       "        dist.all_reduce(p.grad)  # waits for every rank inside backward\n")],
+    "skips_averaging": [("cs336_systems/ddp.py", "        p.grad.div_(self.world_size)\n"
+                         "        self.handles.append(dist.all_reduce(p.grad, async_op=True))\n",
+                         "        pass  # each rank keeps its own gradient\n")],
+    "wrong_group_options": [("cs336_systems/sharded_optimizer.py", 'local_group = {**group, "params": mine}',
+                             'local_group = {"params": mine}')],
+    "no_add_param_group": [("cs336_systems/sharded_optimizer.py", "    def add_param_group(self, param_group: dict) -> None:",
+                            "    def _assign(self, param_group: dict) -> None:"),
+                           ("cs336_systems/sharded_optimizer.py", "        super().__init__(params, kwargs)\n",
+                            "        super().__init__(params, kwargs)\n"
+                            "        groups, self.param_groups = self.param_groups, []\n"
+                            "        for group in groups:  # assigned at construction only\n"
+                            "            self._assign(group)\n")],
+    "no_state_sharding": [("cs336_systems/sharded_optimizer.py", "if i % self.world_size == self.rank]", "]"),
+                          ("cs336_systems/sharded_optimizer.py", "dist.broadcast(p.data, src=i % self.world_size)", "pass")],
+    "ignores_compute_dtype": [("cs336_systems/fsdp.py", 'm.__dict__["weight"] = full if self.compute_dtype is None '
+                               'else full.to(self.compute_dtype)', 'm.__dict__["weight"] = full')],
+    "full_weights_and_sums": [("cs336_systems/fsdp.py", "                self.sharded[m] = (full.shape, full.numel())\n",
+                               "                self.sharded[m] = (full.shape, full.numel())\n"
+                               "                m.full_copy = full.clone()\n"),
+                              ("cs336_systems/fsdp.py", " / dist.get_world_size(), None, None", ", None, None")],
+}
+
+
+def edited(tmp_path: Path, *names: str) -> Path:
+    tree = make_submission(tmp_path)
+    for name in names:
+        for file, old, new in EDITS[name]:
+            text = (tree / file).read_text()
+            assert text.count(old) == 1, f"{name}: {old!r} is not in {file} exactly once"
+            (tree / file).write_text(text.replace(old, new))
+    return tree
+
+
+GRADED_ONLY = "not test_unused_layer and not test_uneven_shards"  # the checks beyond the handout score nothing
+
+
+def failed(graded, problem: str) -> list[str]:
+    return sorted(t.name.split("::")[1] for t in graded.tests if t.problem == problem and not t.passed and not t.beyond)
+
+
+def test_rubric_covers_every_graded_test_and_sums_to_the_handouts_points():
+    """Every graded test function of the suite has a share and every share a test; the point
+    tests exist; the shares sum to the handout's points; the cap is a third."""
+    for problem, file in SUITE_FILES.items():
+        tree = ast.parse((SUITE / file).read_text())
+        graded = {f.name for f in tree.body if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")
+                  and not any("beyond_handout" in ast.unparse(d) for d in f.decorator_list)}
+        rubric = RUBRIC[problem]
+        assert set(rubric.shares) == graded, (problem, set(rubric.shares) ^ graded)
+        assert set(rubric.point) <= graded and rubric.cap == pytest.approx(1 / 3)
+        assert round(sum(rubric.shares.values()), 6) == POINTS[problem][0]
+        assert sum(rubric.shares[t] for t in rubric.point) > POINTS[problem][0] / 3  # worth more than the cap
+
+
+def _entries(problem: str, tests: dict[str, str]) -> list[dict]:
+    """Plugin lines for ``tests`` (name -> failure reason, "" for passed)."""
+    lines = [{"collected": name, "problem": problem} for name in tests]
+    return lines + [{"test": name, "problem": problem, "passed": not why, "reason": why} for name, why in tests.items()]
+
+
+def test_cap_follows_the_point_tests_own_finding(tmp_path):
+    """A sharding test that fails for want of sharding caps the problem at a third; one that
+    fails only because training is wrong costs its share and no more. grade.md shows the cap and
+    the rubric; the passed tests' scores sum to the capped points."""
+    base = {f"test_sharded_optimizer.py::{name}": "" for name in (
+        "test_matches_single_process[2]", "test_matches_single_process[3]", "test_sgd_with_momentum",
+        "test_parameter_groups[2-sgd]", "test_parameter_groups[3-adamw]", "test_add_param_group[2-adamw]",
+        "test_add_param_group[3-sgd]", "test_state_is_sharded[2]", "test_state_is_sharded[3]")}
+    unsharded = f"rank 1 holds 100% of the unsharded state: not sharded {named_for(ZERO)}"
+    for reason, expected in ((unsharded, 5.0), ("rank 2: parameter x after step 1 of 3 differs", 11.0)):
+        tests = grade_tests(_entries(ZERO, {**base, "test_sharded_optimizer.py::test_state_is_sharded[3]": reason}), [ZERO])
+        (row,) = problem_grades(tests, [ZERO])
+        assert row.points == expected and round(sum(t.score for t in tests), 4) == expected
+        assert bool(row.capped) == (expected == 5.0)
+    text = grade_markdown("x", "header", [row], tests)
+    assert "**Capped:**" not in text and "## Rubric (grading/problems.toml)" in text
+    capped = grade_tests(_entries(ZERO, {**base, "test_sharded_optimizer.py::test_state_is_sharded[2]": unsharded}), [ZERO])
+    text = grade_markdown("x", "header", problem_grades(capped, [ZERO]), capped)
+    assert f"**Capped:** {ZERO} is capped at 1/3 of its points (5 of 15): test_state_is_sharded[2] found it" in text
+    assert "test_state_is_sharded 8 (a test run at several parameters splits its share evenly)" in text
+    assert "scores 0.4545 of 1:" in next(t.output for t in capped if t.name.endswith("test_parameter_groups[2-sgd]"))
+
+
+def test_one_bug_per_problem_loses_exactly_its_share(tmp_path):
+    """A blocking all-reduce in each hook (capped: 5/3 of 5); group options dropped and
+    add_param_group assigned at construction only (the groups tests and the add_param_group
+    tests, 2 + 2 of 15); compute_dtype ignored (the two compute-dtype tests, 2 of 15)."""
+    tree = edited(tmp_path, "blocking_hook", "wrong_group_options", "no_add_param_group", "ignores_compute_dtype")
+    graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, select=GRADED_ONLY)
+    assert [points(graded, p) for p in (PER_PARAMETER, ZERO, FSDP)] == [round(5 / 3, 4), 11.0, 13.0], \
+        [t.output for t in graded.tests if not t.passed]
+    assert failed(graded, PER_PARAMETER) == ["test_communicates_during_backward[get_ddp]"]
+    assert "blocked it (async_op=False, or waited on before backward returned" in failures(graded, PER_PARAMETER)[0]
+    assert failed(graded, ZERO) == ["test_add_param_group[2-adamw]", "test_add_param_group[3-sgd]",
+                                    "test_parameter_groups[2-sgd]", "test_parameter_groups[3-adamw]"]
+    added = [t.output for t in graded.tests if "test_add_param_group" in t.name]
+    assert all("after step 2 of 3 differs from single-process training" in line for line in added), added
+    assert failed(graded, FSDP) == ["test_compute_dtype[bfloat16]", "test_compute_dtype[float16]"]
+    assert all(line.startswith("rank 0: the model's output is torch.float32 with compute_dtype=torch.")
+               for line in failures(graded, FSDP)), failures(graded, FSDP)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert round(sum(t["score"] for t in results["tests"]), 4) == pytest.approx(results["score"])
+    assert "**Capped:** ddp_overlap_individual_parameters is capped at 1/3" in (tmp_path / "out" / "grade.md").read_text()
+
+
+def test_what_a_problem_is_named_for_is_never_hidden(tmp_path):
+    """Gradients never averaged: the ranks' disagreement is said first. An optimizer that shards
+    nothing but trains right: 5 of 15. An FSDP that keeps full weights and sums gradients: both
+    findings, the sharding one first."""
+    tree = edited(tmp_path, "skips_averaging", "no_state_sharding", "full_weights_and_sums")
+    graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, select=GRADED_ONLY)
+    assert [points(graded, p) for p in (PER_PARAMETER, ZERO, FSDP)] == [0.0, 5.0, 0.0]
+    matches = next(t.output for t in graded.tests if "test_matches_single_process" in t.name and t.problem == PER_PARAMETER)
+    assert matches.startswith("rank 0 and rank 1 hold different weights after step 1 of 3: gradients are not averaged "
+                              "over ranks"), matches
+    assert failed(graded, ZERO) == ["test_state_is_sharded[2]", "test_state_is_sharded[3]"]
+    assert all(f"not sharded {named_for(ZERO)}" in line for line in failures(graded, ZERO))
+    sharded = [t.output for t in graded.tests if "test_parameters_are_sharded" in t.name]
+    assert len(sharded) == 2 and all(
+        line.startswith("rank 0 holds") and f"not sharded {named_for(FSDP)}; also: rank" in line for line in sharded), sharded
