@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 FEATURES, HIDDEN, CLASSES = 8, 16, 4
 ROWS = 64  # examples in the data set: 8 steps of 4 per rank at world size 2
@@ -37,6 +37,8 @@ class FitCase:
     resume_at: int | None = None  # stop after this many steps, then resume from its checkpoint
     strategies: tuple[str, ...] = ("lightning", "bucketed")
     ours: dict[str, Any] = field(default_factory=dict)  # CS336DDPStrategy options beyond variant
+    torch_ddp: dict[str, Any] = field(default_factory=dict)  # DDPStrategy's (torch DDP's) options
+    fail_rank: int | None = None  # this rank raises in its training_step of batch 2
 
 
 def quiet_lightning() -> None:
@@ -49,6 +51,9 @@ def dataset(seed: int = 0) -> TensorDataset:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(ROWS, FEATURES, generator=g) * 2 + 1
     return TensorDataset(x, torch.randint(0, CLASSES, (ROWS,), generator=g))
+
+
+FAILURE = "this rank fails on purpose"
 
 
 def build_module(case: FitCase, lr: float = 0.1) -> Any:
@@ -64,6 +69,8 @@ def build_module(case: FitCase, lr: float = 0.1) -> Any:
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
+            if case.fail_rank == self.global_rank and batch_idx == 2:
+                raise RuntimeError(f"rank {self.global_rank}: {FAILURE}")
             return nn.functional.cross_entropy(self.net(x).float(), y)
 
         def configure_optimizers(self) -> Any:
@@ -78,24 +85,64 @@ def make_strategy(name: str, case: FitCase) -> Any:
     from cs336_systems.lightning import CS336DDPStrategy
 
     if name == "lightning":
-        return DDPStrategy(process_group_backend="gloo")
+        return DDPStrategy(process_group_backend="gloo", **case.torch_ddp)
     return CS336DDPStrategy(variant=name, process_group_backend="gloo", **case.ours)
 
 
+class AllReduceCounter:
+    """Counts ``torch.distributed.all_reduce`` calls per training batch (our wrappers make
+    theirs through it; torch's DDP reduces in C++ and is not counted)."""
+
+    def __init__(self) -> None:
+        import lightning.pytorch as pl
+
+        counter = self
+        self.per_batch: list[int] = []
+        self._calls = 0
+
+        class Hook(pl.Callback):
+            def on_train_start(self, trainer: Any, module: Any) -> None:
+                original = torch.distributed.all_reduce
+
+                def counted(*args: Any, **kwargs: Any) -> Any:
+                    counter._calls += 1
+                    return original(*args, **kwargs)
+
+                counter._original = original
+                torch.distributed.all_reduce = counted
+
+            def on_train_batch_start(self, *args: Any) -> None:
+                counter._calls = 0
+
+            def on_train_batch_end(self, *args: Any) -> None:
+                counter.per_batch.append(counter._calls)
+
+            def on_train_end(self, trainer: Any, module: Any) -> None:
+                torch.distributed.all_reduce = counter._original
+
+        self.callback = Hook()
+
+
 def fit(strategy_name: str, case: FitCase, steps: int, devices: int = 2, ckpt_in: str | None = None,
-        ckpt_out: str | None = None, batch_size: int = 4) -> dict[str, torch.Tensor]:
-    """Fit ``case`` for ``steps`` optimizer steps; the module's state dict afterwards."""
+        ckpt_out: str | None = None, batch_size: int = 4, callbacks: tuple = ()) -> dict[str, torch.Tensor]:
+    """Fit ``case`` for ``steps`` optimizer steps; the module's state dict afterwards.
+    ``strategy_name`` "single": one process, Lightning's default strategy."""
     import lightning.pytorch as pl
 
     module = build_module(case)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=devices, strategy=make_strategy(strategy_name, case) if devices > 1 else "auto",
+        accelerator="cpu", devices=devices, callbacks=list(callbacks),
+        strategy="auto" if strategy_name == "single" else make_strategy(strategy_name, case),
         max_steps=steps, precision=case.precision, accumulate_grad_batches=case.accumulate,
         gradient_clip_val=case.clip, sync_batchnorm=case.sync_batchnorm, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        num_sanity_val_steps=0,
+        num_sanity_val_steps=0, use_distributed_sampler=False,
     )
-    loader = DataLoader(dataset(), batch_size=batch_size, shuffle=False)
+    # Our own sampler, unshuffled: Lightning's would shuffle, and the single-process references
+    # need each step's global batch to be the same rows (rank r takes rows r, r + 2, ...).
+    data = dataset()
+    sampler = DistributedSampler(data, num_replicas=devices, rank=torch.distributed.get_rank(), shuffle=False)
+    loader = DataLoader(data, batch_size=batch_size, sampler=sampler)
     trainer.fit(module, loader, ckpt_path=ckpt_in)
     if ckpt_out is not None:
         trainer.save_checkpoint(ckpt_out)
@@ -111,10 +158,25 @@ def fit_cases(ctx: Any, cases: list[FitCase], folder: str) -> dict[str, dict[str
     for case in cases:
         out: dict[str, dict[str, torch.Tensor]] = {}
         for name in case.strategies:
-            out[name] = fit(name, case, case.steps)
+            counter = AllReduceCounter()
+            out[name] = fit(name, case, case.steps, callbacks=(counter.callback,))
+            out[f"{name}/all_reduces"] = {"per_batch": torch.tensor(counter.per_batch)}
             if case.resume_at is not None:
                 path = os.path.join(folder, f"{case.name}-{name}.ckpt")  # rank 0 writes it
                 fit(name, case, case.resume_at, ckpt_out=path)
                 out[f"{name}/resumed"] = fit(name, case, case.steps, ckpt_in=path)
         results[case.name] = out
     return results
+
+
+def fit_single(ctx: Any, case: FitCase) -> dict[str, dict[str, torch.Tensor]]:
+    """One process: ``case`` through our strategy on ``devices=1`` and through Lightning's default
+    strategy, each on batches of 4; and the default strategy on batches of 8, the global batch
+    of two ranks of 4 (the reference of ``sync_batchnorm``)."""
+    quiet_lightning()
+    torch.set_num_threads(1)
+    return {
+        "ours": fit("bucketed", case, case.steps, devices=1),
+        "single": fit("single", case, case.steps, devices=1),
+        "whole_batch": fit("single", case, case.steps, devices=1, batch_size=8),
+    }

@@ -54,7 +54,8 @@ class CS336DDPStrategy(DDPStrategy):
 
     ``variant``: bucketed, per_parameter, flat, naive or auto (bucketed with the cap chosen in
     the first steps); the other arguments are ``DDPStrategy``'s, with the same meaning, or
-    refused in one line where ours have no such thing (options.py lists which).
+    refused in one line where ours have no such thing (options.py lists which). The options a
+    config usually sets are named arguments, so that a LightningCLI YAML can set them.
     """
 
     strategy_name = "cs336_ddp"
@@ -65,6 +66,8 @@ class CS336DDPStrategy(DDPStrategy):
         bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
         gradient_as_bucket_view: bool = True,
         static_graph: bool = False,
+        broadcast_buffers: bool = True,
+        find_unused_parameters: bool = False,
         accelerator: Optional[Any] = None,
         parallel_devices: Optional[list[torch.device]] = None,
         cluster_environment: Optional[ClusterEnvironment] = None,
@@ -87,7 +90,8 @@ class CS336DDPStrategy(DDPStrategy):
             raise ValueError("CS336DDPStrategy does not take model_averaging_period: it needs torch's "
                              "post-local-SGD communication hook")
         self._spec = wrapper_spec(variant, bucket_cap_mb, gradient_as_bucket_view,
-                                  {**kwargs, "static_graph": static_graph})
+                                  {**kwargs, "static_graph": static_graph, "broadcast_buffers": broadcast_buffers,
+                                   "find_unused_parameters": find_unused_parameters})
         super().__init__(
             accelerator=accelerator, parallel_devices=parallel_devices, cluster_environment=cluster_environment,
             checkpoint_io=checkpoint_io, precision_plugin=precision_plugin, process_group_backend=process_group_backend,
@@ -97,6 +101,8 @@ class CS336DDPStrategy(DDPStrategy):
         self.bucket_cap_mb = bucket_cap_mb
         self.gradient_as_bucket_view = gradient_as_bucket_view
         self.static_graph = static_graph
+        self.broadcast_buffers = broadcast_buffers
+        self.find_unused_parameters = find_unused_parameters
 
     @property
     def wrapper(self) -> DataParallel | None:

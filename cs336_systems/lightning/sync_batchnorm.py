@@ -29,9 +29,11 @@ class GlobalBatchNorm(nn.SyncBatchNorm):
     """``nn.SyncBatchNorm`` whose training forward also runs on CPU tensors (gloo)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-        if not (self.training and distributed and input.device.type == "cpu"):
+        if input.device.type != "cpu":
             return super().forward(input)
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        if not (self.training and distributed):
+            return _BatchNorm.forward(self, input)  # local statistics suffice: torch's own path
         if input.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
         channels = input.shape[1]
