@@ -42,7 +42,7 @@ RUN_TIMEOUT_S = 3600
 @dataclass(frozen=True)
 class ClaimsRun(BenchmarkRun):
     n_parameters: int = 0
-    batchnorm: dict[str, float] | None = None  # batchnorm_deviation's figures
+    batchnorm: dict[str, Any] | None = None  # batchnorm_deviation's figures, or {"error": why not}
 
     @property
     def notes(self) -> dict[str, Any]:
@@ -202,6 +202,12 @@ def _claims_rank(ctx: RankContext, setting: ClaimsSetting) -> ClaimsRun:
     times: dict[str, list[float]] = {c.name: [] for c in CONFIGS}
     peaks: dict[str, list[int]] = {c.name: [] for c in CONFIGS}
     n_parameters = 0
+    # First, so that a backend that cannot run it says so in seconds (its error is recorded, not raised:
+    # the timing rounds do not depend on it).
+    try:
+        batchnorm: dict[str, Any] = batchnorm_deviation(ctx, setting.batchnorm_steps)
+    except (RuntimeError, ValueError) as e:
+        batchnorm = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     for r in range(setting.rounds):
         shift = r % len(CONFIGS)
         for config in CONFIGS[shift:] + CONFIGS[:shift]:
@@ -212,7 +218,6 @@ def _claims_rank(ctx: RankContext, setting: ClaimsSetting) -> ClaimsRun:
         peak = [int(p) for p in slowest_rank(peaks[config.name], small)] if peaks[config.name] else None
         records.append(ClaimsRecord(config.name, config.implementation, config.kwargs, config.precision,
                                     slowest_rank(times[config.name], small), setting.steps_per_round, peak))
-    batchnorm = batchnorm_deviation(ctx, setting.batchnorm_steps)
     return ClaimsRun(records=records, world_size=ctx.world_size, shared_gpu=ctx.shared_gpu, rank=ctx.rank,
                      n_parameters=n_parameters, batchnorm=batchnorm)
 

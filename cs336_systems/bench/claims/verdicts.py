@@ -80,7 +80,7 @@ def judge_all(records: Sequence[ClaimsRecord]) -> list[Verdict]:
 
 def batchnorm_verdict(figures: dict[str, Any] | None) -> str:
     """sync_batchnorm's claim from batchnorm_deviation's figures (run.py)."""
-    if not figures:
+    if not figures or "error" in figures:
         return UNRESOLVED
     synced = max(figures["running_mean_synced"], figures["running_var_synced"])
     local = max(figures["running_mean_local"], figures["running_var_local"])
