@@ -180,3 +180,11 @@ def fit_single(ctx: Any, case: FitCase) -> dict[str, dict[str, torch.Tensor]]:
         "single": fit("single", case, case.steps, devices=1),
         "whole_batch": fit("single", case, case.steps, devices=1, batch_size=8),
     }
+
+
+def fit_cases_then_fail(ctx: Any, cases: list[FitCase], folder: str, failing: FitCase) -> None:
+    """:func:`fit_cases`, its results saved to ``folder/rank<r>.pt``, then ``failing`` (which raises
+    on its ``fail_rank``): one launch both checks training and a failing rank's end."""
+    results = fit_cases(ctx, cases, folder)
+    torch.save(results, os.path.join(folder, f"rank{ctx.rank}.pt"))
+    fit_cases(ctx, [failing], folder)
