@@ -13,8 +13,17 @@ from cs336_systems.bench.claims.configs import CONFIGS
 from cs336_systems.bench.claims.record import ClaimsRecord
 from cs336_systems.bench.claims.verdicts import BATCHNORM_TOLERANCE, batchnorm_verdict, judge_all
 from cs336_systems.bench.suites import claims_gpu_args
+from cs336_systems.ddp.overhead_model import exposed_overhead
+from cs336_systems.units import MB
 from cs336_systems.writeup import fmt, templating
+from cs336_systems.writeup.allreduce_analysis import LinkFit
 from cs336_systems.writeup.context import Page, RenderContext
+from cs336_systems.writeup.ddp_analysis import run_fit
+
+# The sizes the guide's bucket_cap_mb row names (100M-1B, above 1B), and the caps it compares.
+GUIDE_PARAMETERS = (100e6, 1e9, 10e9)
+GUIDE_CAPS_MB = (25.0, 50.0, 100.0)
+FLOAT32_BYTES = 4
 
 KIND = ClaimsRecord.KIND
 SCRIPT = "scripts/bench_lightning.py"
@@ -22,6 +31,18 @@ SCRIPT = "scripts/bench_lightning.py"
 
 def _ci(interval: tuple[float, float] | None, digits: int = 3) -> str:
     return "too few rounds" if interval is None else f"{interval[0]:.{digits}f}–{interval[1]:.{digits}f}"
+
+
+def _predicted_caps(fit: LinkFit) -> str:
+    """The overhead model's exposed communication per step for the guide's sizes and caps, on this
+    machine's all-reduce line (closed form: equal buckets, backward as fast as the channel)."""
+    rows = []
+    for n in GUIDE_PARAMETERS:
+        s = FLOAT32_BYTES * n
+        t = {cap: exposed_overhead(s, fit.w_bytes_per_s, fit.o_s, s / (cap * MB)) for cap in GUIDE_CAPS_MB}
+        rows.append([f"{n / 1e9:g}B" if n >= 1e9 else f"{n / 1e6:g}M",
+                     *(f"{fmt.ms(t[cap])} ({t[cap] - t[GUIDE_CAPS_MB[0]]:+.2f})" for cap in GUIDE_CAPS_MB)])
+    return fmt.table(["parameters", *(f"{cap:g} MB: exposed ms (vs 25 MB)" for cap in GUIDE_CAPS_MB)], rows)
 
 
 def _run(machine, results) -> dict:
@@ -39,6 +60,7 @@ def _run(machine, results) -> dict:
         ci = ours.speedup_ci95
         ours_ratio = dict(median=1 / ours.speedup, ci=None if ci is None else (1 / ci[1], 1 / ci[0]), verdict=ours.verdict)
     bn = results.notes.get("batchnorm")
+    fit = run_fit(machine, results)
     return dict(
         heading=fmt.run_heading(machine, results), env=results.environment,
         setting=fmt.workload_setting_line(results, f"{results.setting.get('rounds', '?')} interleaved rounds of "
@@ -51,7 +73,8 @@ def _run(machine, results) -> dict:
         configs=fmt.table(["configuration", "implementation", "options", "precision", "median step (ms)",
                            "peak memory (MB)"], configs),
         verdicts=verdicts, ours=ours_ratio, batchnorm=bn, batchnorm_verdict=batchnorm_verdict(bn),
-        has_memory=any(r.peak_memory_bytes for r in records))
+        has_memory=any(r.peak_memory_bytes for r in records),
+        fit=fit if isinstance(fit, LinkFit) else None, predicted=_predicted_caps(fit) if isinstance(fit, LinkFit) else None)
 
 
 def lightning_claims_page(ctx: RenderContext) -> Page:
