@@ -41,7 +41,7 @@ def _predicted_caps(fit: LinkFit) -> str:
         s = FLOAT32_BYTES * n
         t = {cap: exposed_overhead(s, fit.w_bytes_per_s, fit.o_s, s / (cap * MB)) for cap in GUIDE_CAPS_MB}
         rows.append([f"{n / 1e9:g}B" if n >= 1e9 else f"{n / 1e6:g}M",
-                     *(f"{fmt.ms(t[cap])} ({t[cap] - t[GUIDE_CAPS_MB[0]]:+.2f})" for cap in GUIDE_CAPS_MB)])
+                     *(f"{fmt.ms(t[cap])} ({(t[cap] - t[GUIDE_CAPS_MB[0]]) * 1e3:+.1f})" for cap in GUIDE_CAPS_MB)])
     return fmt.table(["parameters", *(f"{cap:g} MB: exposed ms (vs 25 MB)" for cap in GUIDE_CAPS_MB)], rows)
 
 
