@@ -25,7 +25,7 @@ import torch
 
 from cs336_systems.launch import RankFailedError, launch
 from cs336_systems.lightning import CS336DDPStrategy
-from tests.lightning_cases import FAILURE, FitCase, fit_cases, fit_cases_then_fail, fit_single
+from tests.lightning_cases import FAILURE, FitCase, fit_cases_then_fail, fit_single
 
 pytestmark = [pytest.mark.problem("beyond"), pytest.mark.xdist_group("lightning")]
 
@@ -59,11 +59,26 @@ def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], wh
             torch.testing.assert_close(got[name], value, atol=atol, rtol=1e-4, msg=lambda m: f"{what}: {name}: {m}")
 
 
-@pytest.mark.timeout(300)
-def test_same_weights_as_lightning_ddp_strategy(tmp_path):
-    cases = _cases()
-    ranks = launch(fit_cases, 2, (cases, str(tmp_path)), backend="gloo", device_type="cpu", timeout_s=120)
-    for case in cases:
+SYNC_BATCHNORM = FitCase("sync-batchnorm", sync_batchnorm=True, strategies=("bucketed", "per_parameter"),
+                         whole_batch=True)
+
+
+@pytest.mark.timeout(400)
+def test_same_weights_as_lightning_ddp_strategy_and_a_failing_rank(tmp_path):
+    """Every case against Lightning's DDPStrategy; sync_batchnorm=True on two ranks of 4 against one
+    process on batches of 8 (fitted in each rank alone); then, in the same two processes
+    (Lightning's start-up is most of their cost), rank 1 raises in a training step while rank 0
+    waits in its all-reduce: the job ends with rank 1's error, not gloo's timeout on rank 0. A rank
+    that hangs instead is ended by the group's timeout and the launcher's deadline (test_rank_exit.py)."""
+    cases = [*_cases(), SYNC_BATCHNORM]
+    failing = FitCase("fails", fail_rank=1, strategies=("bucketed",))
+    start = time.monotonic()
+    with pytest.raises(RankFailedError, match=FAILURE):
+        launch(fit_cases_then_fail, 2, (cases, str(tmp_path), failing), backend="gloo", device_type="cpu",
+               timeout_s=60)
+    assert time.monotonic() - start < 350
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    for case in cases[:-1]:
         for rank, results in enumerate(ranks):
             got = results[case.name]
             for name in case.strategies[1:]:
@@ -79,30 +94,18 @@ def test_same_weights_as_lightning_ddp_strategy(tmp_path):
                     quiet = [c for i, c in enumerate(calls) if (i + 1) % case.accumulate]
                     assert quiet and all(c == 0 for c in quiet), f"{name}: all-reduces per batch {calls}"
                     assert all(c > 0 for c in stepping), f"{name}: all-reduces per batch {calls}"
-
-
-@pytest.mark.timeout(400)
-def test_one_device_sync_batchnorm_and_a_failing_rank(tmp_path):
-    """devices=1 needs no wrapper and trains as Lightning's default strategy does (exactly);
-    sync_batchnorm=True on two ranks of 4 trains as one process on batches of 8; then, in the same
-    two processes (Lightning's start-up is most of their cost), rank 1 raises in a training step
-    while rank 0 waits in its all-reduce: the job ends with rank 1's error, not gloo's timeout on
-    rank 0. A rank that hangs instead is ended by the group's timeout and the launcher's deadline
-    (test_rank_exit.py)."""
-    case = FitCase("sync-batchnorm", sync_batchnorm=True, strategies=("bucketed", "per_parameter"))
-    [single] = launch(fit_single, 1, (case,), backend="gloo", device_type="cpu", timeout_s=120)
-    _assert_same(single["ours"], single["single"], "devices=1")
-    failing = FitCase("fails", fail_rank=1, strategies=("bucketed",))
-    start = time.monotonic()
-    with pytest.raises(RankFailedError, match=FAILURE):
-        launch(fit_cases_then_fail, 2, ([case], str(tmp_path), failing), backend="gloo", device_type="cpu",
-               timeout_s=60)
-    assert time.monotonic() - start < 300
-    for rank in range(2):
-        results = torch.load(tmp_path / f"rank{rank}.pt")
-        for name in case.strategies:
+    for rank, results in enumerate(ranks):
+        got = results[SYNC_BATCHNORM.name]
+        for name in SYNC_BATCHNORM.strategies:
             # float32 rounding of E[x^2] - E[x]^2 against torch's two-pass variance, over 4 steps.
-            _assert_same(results[case.name][name], single["whole_batch"], f"sync_batchnorm {name}, rank {rank}", atol=1e-5)
+            _assert_same(got[name], got["whole_batch"], f"sync_batchnorm {name}, rank {rank}", atol=1e-5)
+
+
+@pytest.mark.timeout(300)
+def test_one_device_needs_no_wrapper():
+    """devices=1 trains as Lightning's default strategy does, exactly, with no wrapper and no error."""
+    [single] = launch(fit_single, 1, (FitCase("one-device"),), backend="gloo", device_type="cpu", timeout_s=120)
+    _assert_same(single["ours"], single["single"], "devices=1")
 
 
 @pytest.mark.parametrize(
