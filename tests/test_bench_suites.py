@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = Path("OUT")
 RESULT_FILES = {"allreduce.json", "naive_ddp.json", "ddp_step.json", "ddp_step-ablation.json",
                 "profile/profile.json", "sharded_optimizer.json", "fsdp_step.json", "bucket_family.json",
-                "ffn_bytes.json", "fsdp_options.json"}
+                "ffn_bytes.json", "fsdp_options.json", "lightning_claims.json"}
 
 
 def _arg(step, flag: str) -> str:

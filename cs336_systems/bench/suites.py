@@ -49,6 +49,7 @@ def _steps_for(
     fsdp: tuple[str, ...],
     family: tuple[str, ...],
     naive_steps: int,
+    claims: tuple[str, ...],
     fsdp_options: tuple[str, ...] | None = None,
 ) -> list[BenchStep]:
     steps = [
@@ -66,6 +67,8 @@ def _steps_for(
         BenchStep("sharded optimizer accounting", "scripts/bench_sharded_optimizer.py", sharded,
                   f"{out}/sharded_optimizer.json"),
         BenchStep("FSDP beside DDP, ZeRO-1 and torch's FSDP", "scripts/bench_fsdp.py", fsdp, f"{out}/fsdp_step.json"),
+        BenchStep("tuning guides' claims through Lightning", "scripts/bench_lightning.py", claims,
+                  f"{out}/lightning_claims.json"),
         *([BenchStep("FSDP options beside torch's fully_shard", "scripts/bench_fsdp_options.py", fsdp_options,
                      f"{out}/fsdp_options.json")] if fsdp_options is not None else []),
         # Section 8's bytes per rank: gloo on the CPUs wherever the suite runs (seconds; no GPU needed).
@@ -94,6 +97,9 @@ def cpu_suite(out: Path) -> list[BenchStep]:
         fsdp=(*CPU_DDP, "--rounds", "6", "--steps-per-round", "1"),
         family=("--world-size", "2", "--rounds", "16"),
         naive_steps=10,
+        # 11 configurations x 10 rounds of a fresh Trainer each (about 4 minutes on 2 cores); 10
+        # rounds give a sign-test interval from the 2nd to the 9th of the per-round ratios.
+        claims=(*CPU_DDP, "--rounds", "10", "--steps-per-round", "1"),
         # The tiny LM: twelve (option, side) pairs per round, sixteen rounds: 4 minutes on this
         # 2-core machine while other jobs held a load average near 20.
         fsdp_options=(*FSDP_OPTIONS_TINY, "--rounds", "16"),
@@ -113,6 +119,7 @@ def quick_suite(out: Path) -> list[BenchStep]:
         fsdp=(*tiny, "--global-batch", "4", "--rounds", "2", "--steps-per-round", "1"),
         family=("--models", "many-small", "--rounds", "1", "--warmup-steps", "0"),
         naive_steps=3,
+        claims=(*tiny, "--global-batch", "4", "--rounds", "2", "--steps-per-round", "1", "--batchnorm-steps", "2"),
         fsdp_options=(*FSDP_OPTIONS_TINY, "--rounds", "2"),
     )
 
@@ -123,6 +130,15 @@ def nccl_rehearsal_step(out: Path) -> BenchStep:
             "--context-length", "128", "--global-batch", "4", "--rebuild-each-round",
             "--rounds", "5", "--steps-per-round", "2", "--bucket-sizes-mb", "1", "10", "25", "100", "1000")
     return BenchStep("DDP step, NCCL world size 1 (xl)", "scripts/bench_ddp.py", args, f"{out}/ddp_step-nccl1.json")
+
+
+def claims_gpu_args(gpu_count: int) -> tuple[str, ...]:
+    """The claims benchmark on GPUs: NCCL with two GPUs or more; with one, two ranks share it over
+    gloo (our strategy leaves one process unwrapped, so world size 1 would compare torch's DDP with
+    no DDP). cpu-small keeps 11 configurations x 10 rounds of fresh Trainers within about 3 minutes."""
+    backend = ("--backend", "nccl") if gpu_count >= 2 else ("--backend", "gloo")
+    return ("--device", "cuda", *backend, "--world-size", "2", "--model-size", "cpu-small", "--context-length", "128",
+            "--global-batch", "8", "--rounds", "10", "--steps-per-round", "2")
 
 
 def gpu_suite(out: Path, gpu_count: int) -> list[BenchStep]:
@@ -145,6 +161,7 @@ def gpu_suite(out: Path, gpu_count: int) -> list[BenchStep]:
             fsdp=(*ddp, "--rounds", "3", "--steps-per-round", "2"),
             family=("--device", "cuda", "--backend", "gloo", "--world-size", "2", "--rounds", "8"),
             naive_steps=10,
+            claims=claims_gpu_args(gpu_count),
             fsdp_options=(*ddp, "--rounds", "8"),
         ) + [nccl_rehearsal_step(out)]
     world_sizes = [str(n) for n in (2, 4, 6) if n <= gpu_count]
@@ -166,6 +183,7 @@ def gpu_suite(out: Path, gpu_count: int) -> list[BenchStep]:
               "--world-size", "2", "--rounds", "3", "--steps-per-round", "2"),
         family=("--device", "cuda", "--world-size", "2", "--rounds", "8"),
         naive_steps=10,
+        claims=claims_gpu_args(gpu_count),
         # Hybrid sharding (2 x 2) where 4 GPUs are there; medium, as the FSDP step benchmark.
         fsdp_options=("--device", "cuda", "--model-size", "medium", "--context-length", "128", "--global-batch", "16",
                       "--world-size", "4" if gpu_count >= 4 else "2", "--rounds", "8"),

@@ -25,6 +25,7 @@ KINDS = {
     "grades": "cs336_systems.problems:GradeRecord",
     "bucket_family": "cs336_systems.bench.family.record:FamilyRecord",
     "ffn_bytes": "cs336_systems.capacity.ffn_bytes:FfnBytesRecord",
+    "lightning_claims": "cs336_systems.bench.claims.record:ClaimsRecord",
 }
 
 

@@ -19,6 +19,7 @@ from cs336_systems.writeup.ddp_sections import ddp_step_page
 from cs336_systems.writeup.doctor_section import doctor_page
 from cs336_systems.writeup.family_section import family_page
 from cs336_systems.writeup.fsdp_section import fsdp_page
+from cs336_systems.writeup.lightning_claims_section import lightning_claims_page
 from cs336_systems.writeup.load import MachineResults
 from cs336_systems.writeup.naive_ddp_section import naive_ddp_page
 from cs336_systems.writeup.overhead_section import overhead_page
@@ -67,6 +68,7 @@ PAGES: list[PageFn] = [
     sharding_page,
     fsdp_page,
     parallelism_page,
+    lightning_claims_page,
     doctor_page,
     machines_page,
 ]
