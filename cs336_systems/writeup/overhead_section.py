@@ -3,7 +3,8 @@
 Numbers only: the derivation and every sentence are in ``templates/details/overhead_model.md.j2`` and
 ``templates/answers/ddp_bucketed_benchmarking_b.md.j2``. Inputs: the ``allreduce`` fits (overhead_fit.py),
 the naive variant's backward in ``profile.json`` and each ``ddp_step`` run's bucket sweep, same machine.
-Everything drawn passes through :func:`settled`, so the figure's bytes do not depend on the CPU's rounding.
+Everything drawn passes through :func:`settled` and the bucket axis through :func:`log_scale`, so the
+figure's bytes do not depend on the CPU's rounding.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.ddp_analysis import (STEP_KIND, OverheadPrediction, bucket_sweep, by_variant,
                                                 largest_parameter_bytes, predict_overhead, step_runs)
-from cs336_systems.writeup.figures import error_bars, save
+from cs336_systems.writeup.figures import error_bars, log_scale, save
 from cs336_systems.writeup.load import MachineResults, ResultsFile
 from cs336_systems.writeup.overhead_fit import FIT_HEADERS, fit_row, machine_fits, drawn_ms as _ms
 
@@ -79,7 +80,8 @@ def overhead_figure(p: OverheadPrediction, torch_ddp, title: str, path: Path) ->
     if torch_ddp is not None:
         ax.plot([25.0], _ms([torch_ddp.exposed_overhead_s]), "D", color="tab:purple",
                 label="torch DDP, measured exposed overhead (25 MB buckets)")
-    ax.set(xscale="log", xlabel="bucket cap (MB)", ylabel="time per step (ms)", title=title)
+    log_scale(ax, "x")
+    ax.set(xlabel="bucket cap (MB)", ylabel="time per step (ms)", title=title)
     ax.set_ylim(bottom=min(0.0, float(exposed.min()) * 1.1))  # from 0, lower only for a negative median
     ax.margins(x=0.08)
     ax.grid(True, alpha=0.3)
