@@ -102,12 +102,16 @@ def test_table_rows_are_the_records_numbers(tmp_path):
 def test_the_answer_reads_the_per_call_cost_from_the_fit(tmp_path):
     md, answer = page_for(tmp_path, {TAG: (line_records("gloo", "cpu", [2]), environment())})
     small, large = planted_s(64 * KB, 2), planted_s(16 * MB, 2)
-    assert f"the 2-rank medians puts $o$ at {PLANTED_O_S * 1e6:.0f} µs" in answer
-    assert f"the fit's $o$ ({share(PLANTED_O_S, small)} of the median) describes an average call" in answer
+    # The details page reasons it out; the answer keeps two sentences of it.
+    assert f"the 2-rank medians puts $o$ at {PLANTED_O_S * 1e6:.0f} µs" in md
+    assert f"the fit's $o$ ({share(PLANTED_O_S, small)} of the median) describes an average call" in md
     peak = 16 * MB / large / 1e9
-    assert f"At 0.0625 MB the bytes do not set the time: busbw is {64 * KB / small / 1e9:.3g} GB/s against the peak {peak:.3g} GB/s" in answer
-    # Every planted call takes the median, so the fastest is no faster than o.
-    assert f"the fastest 0.0625 MB all-reduces took {small * 1e3:.3g} ms" in answer and "above $o$ itself" in answer
+    assert f"At 0.0625 MB the bytes do not set the time: busbw is {64 * KB / small / 1e9:.3g} GB/s against the peak {peak:.3g} GB/s" in md
+    assert (f"At 0.0625 MB the per-call cost, not the bytes, sets the time: busbw is {64 * KB / small / 1e9:.3g} GB/s "
+            f"against the peak {peak:.3g} GB/s") in answer
+    # Every planted call takes the median, so the fastest is no faster than o: no "average call" in the answer.
+    assert f"the fastest 0.0625 MB all-reduces took {small * 1e3:.3g} ms" in md and "above $o$ itself" in md
+    assert f"single calls take {small * 1e3:.3g} to" in answer and "not a floor" not in answer
 
 
 @pytest.mark.parametrize("cores, crowded", [(2, ["4", "6"]), (4, ["6"]), (8, [])])
@@ -116,7 +120,7 @@ def test_more_ranks_than_cores_is_explained_from_the_core_count(tmp_path, cores,
     md, answer = page_for(tmp_path, {TAG: (records, environment(world_size=6, cpu_count=cores))})
     ratio = planted_s(16 * MB, 6) / planted_s(16 * MB, 2)
     assert f"2 → 6 ranks multiplies the median time by {ratio:.2f}×" in answer
-    assert "grow by 1.67×" in answer  # the ring's 2(n−1)/n: 10/6 over 1
+    assert "grow by 1.67×" in md and "the ring's 1.67× more bytes per rank" in answer  # 2(n−1)/n: 10/6 over 1
     if not crowded:
         assert "outnumber" not in md + answer and "queued" not in answer
         return
@@ -125,20 +129,21 @@ def test_more_ranks_than_cores_is_explained_from_the_core_count(tmp_path, cores,
             f"({shares} ranks per core)") in md
     # Were each byte's work queued for the cores: ring factor x ranks per core, 6 ranks over 2.
     bound = (2 * 5 / 6 * max(1, 6 / cores)) / (2 * 1 / 2 * max(1, 2 / cores))
-    assert f"the time would grow by {bound:.2f}×" in answer
+    assert f"the time would grow by {bound:.2f}×" in md and f"the {bound:.2f}× of all work queued on {cores} cores" in answer
 
 
-@pytest.mark.parametrize("slowdown, reading", [
-    (1.2, "below even the ring's factor"),  # under 10/6
-    (3.4, "between the two"),  # the committed CPU run's 3.26× at 100 MB lies here too
-    (6.0, "above both"),  # over (10/6) x 3 = 5
+@pytest.mark.parametrize("slowdown, reading, short", [
+    (1.2, "below even the ring's factor", "below even"),  # under 10/6
+    (3.4, "between the two", "between"),  # the committed CPU run's 3.26× at 100 MB lies here too
+    (6.0, "above both", "above both"),  # over (10/6) x 3 = 5
 ])
-def test_time_growth_is_read_against_the_ring_and_the_shared_cores(tmp_path, slowdown, reading):
+def test_time_growth_is_read_against_the_ring_and_the_shared_cores(tmp_path, slowdown, reading, short):
     records = line_records("gloo", "cpu", [2], half_width=0.05) + [
         record("gloo", "cpu", 6, p, spread(planted_s(p, 2) * slowdown, 0.05)) for p in PAYLOADS]
-    _, answer = page_for(tmp_path, {TAG: (records, environment(world_size=6))})
+    md, answer = page_for(tmp_path, {TAG: (records, environment(world_size=6))})
     assert f"multiplies the median time by {slowdown:.2f}×" in answer
-    assert f"the time would grow by 5.00×, so the measured growth lies {reading}" in answer
+    assert f"the time would grow by 5.00×, so the measured growth lies {reading}" in md
+    assert f"{slowdown:.2f}×, {short} the ring's 1.67× more bytes per rank and the 5.00× of all work queued" in answer
 
 
 def test_gpu_rows_say_gloo_stages_through_the_host_and_ranks_share_the_gpu(tmp_path):

@@ -299,10 +299,12 @@ def test_a_sweep_inside_the_noise_does_not_match_and_says_why(tmp_path):
     base = {**BASE_S, **{f"bucketed-{mb:g}MB": BASE_S["flat"] for mb in SWEEP_MB}}
     wobbled = tuple(f"bucketed-{mb:g}MB" for mb in SWEEP_MB) + ("per-parameter",)
     results = build_results_tree(tmp_path, rehearsal=False, base=base, wobbled=wobbled)
-    sweep = answers(render_writeup(results, tmp_path / "out", pages=PAGES).readme.read_text())
-    sweep = sweep["ddp_bucketed_benchmarking"]
+    rendered = render_writeup(results, tmp_path / "out", pages=PAGES)
+    sweep = answers(rendered.readme.read_text())["ddp_bucketed_benchmarking"]
     assert "**No.**" in sweep and "no size beats flat DDP" in sweep and "no size beats per-parameter DDP" in sweep
-    assert "2 ranks × 1 thread fill all 2 cores" in sweep and f"inside {ROUNDS} rounds' noise" in sweep
+    assert f"inside {ROUNDS} rounds' noise" in sweep and "[Details, and why on CPU]" in sweep
+    page = next(p for p in rendered.details if p.stem == "ddp_step").read_text()
+    assert "2 ranks × 1 thread fill all 2 cores" in page
 
 
 def test_only_the_largest_size_beating_both_matches_in_part(tmp_path):

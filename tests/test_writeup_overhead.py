@@ -113,13 +113,13 @@ def test_the_page_predicts_each_size_from_its_buckets_and_the_profiled_backward(
 def test_the_answer_gives_both_equations_and_this_machines_numbers(tmp_path):
     readme = _render(tmp_path, 0.200).readme.read_text()
     answer = readme.split("### ddp_bucketed_benchmarking", 1)[1]
-    assert "T(n_b) = o\\,n_b + \\frac{s}{w\\,n_b}" in answer and "\\sqrt{s\\,w\\,o}" in answer
+    assert "T(n_b) = o\\,n_b + s/(w\\,n_b)" in answer and "\\sqrt{s\\,w\\,o}" in answer
     s = 4e6
     b_opt = (s * SECTION_W * SECTION_O) ** 0.5  # 2.83e6 bytes = 2.70 MB
-    # Bytes beside MB (2^20 bytes) and w in 10^9 B/s, so the shown values recompute to the shown result.
-    assert (f"gives $b_{{\\mathrm{{opt}}}}$ = {b_opt / 1e6:.3g}·10⁶ bytes = **{b_opt / 2**20:.2f} MB** "
-            f"($n_b^\\ast$ = {(s / (SECTION_W * SECTION_O)) ** 0.5:.3g})") in answer
-    from cs336_systems.writeup.fmt import gbps
+    # s and b_opt in 10^6 bytes (MB, 2^20 bytes, beside) and w in 10^9 B/s: the shown values recompute to the result.
+    from cs336_systems.writeup.fmt import gbps, sig
+    assert (f"with $s$ = {sig(s / 1e6)}·10⁶ bytes $b_{{\\mathrm{{opt}}}}$ = **{sig(b_opt / 1e6)}·10⁶ bytes** "
+            f"({b_opt / 2**20:.2f} MB)") in answer
     assert f"$w$ = {gbps(SECTION_W)}·10⁹ B/s" in answer
     assert f"$T$ = {2 * (s * SECTION_O / SECTION_W) ** 0.5 * 1e3:.3g} ms" in answer
     assert "$o$ = 2000 µs" in answer and "(details/overhead_model.md)" in answer

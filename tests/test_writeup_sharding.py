@@ -144,7 +144,7 @@ def test_the_zero1_comparison_counts_memory_and_bytes_from_psi_and_n(rendered):
     assert f"$4\\Psi + 4\\Psi + 8\\Psi/N_d$ ({mb((8 + 8 / n) * psi)} MB; measured state" in answer
     ddp = 2 * (n - 1) / n * PARAM_BYTES
     assert f"{mb(1.5 * ddp)} MB per rank and step (1.50× DDP's {mb(ddp)} MB)" in answer
-    assert f"all-gathers parameters, {mb(ddp)} MB, as DDP" in answer
+    assert f"reduce-scatter and all-gather move {mb(ddp)} MB, as DDP" in answer
     assert len(answer.split()) <= 400
 
 

@@ -69,7 +69,10 @@ def all_gather(ring: Ring, own: list[int]) -> list[Tensor]:
         got = ring.step(lambda i: ([held[i][(i - t + 1) % n]], ring.chunk_bytes))
         for i in range(n):
             held[i][(i - t) % n] = got[i][0]
-    return held  # type: ignore[return-value]
+    missing = [(i, k) for i, row in enumerate(held) for k, chunk in enumerate(row) if chunk is None]
+    if missing:
+        raise AssertionError(f"all-gather on {n} devices left (device, chunk) pairs empty: {missing}")
+    return [[chunk for chunk in row if chunk is not None] for row in held]
 
 
 def reduce_scatter(ring: Ring, tensors: list[Tensor]) -> list[int]:

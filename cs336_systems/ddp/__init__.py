@@ -11,7 +11,8 @@ of gradients reduced by one all-reduce; the *payload* the bytes one collective m
 * bucket.py        a bucket (many gradients in one buffer, with their usage flags) and the plan
                    that assigns parameters to buckets, as torch's DDP assigns them
 * bucketed.py      problem 6: buckets of about bucket_size_mb, each reduced when full
-* auto_bucket.py, overhead_model.py  problem 6b: the overhead model and ``bucket_size_mb="auto"``
+* auto_bucket.py, calibration.py, overhead_model.py  problem 6b: the overhead model, the all-reduce
+                   calibration and ``bucket_size_mb="auto"``
 * variants.py      the registry of variants every other part uses
 """
 

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 
 from cs336_systems.bench.allreduce.record import AllReduceRecord
 from cs336_systems.writeup.allreduce_analysis import CommGroup
-from cs336_systems.writeup.figures import TWO_PANELS, WIDE, error_bars, save
+from cs336_systems.writeup.figures import TWO_PANELS, WIDE, error_bars, log_scale, save
 
 
 def allreduce_figure(groups: dict[CommGroup, list[AllReduceRecord]], title: str, path: Path) -> Path:
@@ -29,9 +29,11 @@ def allreduce_figure(groups: dict[CommGroup, list[AllReduceRecord]], title: str,
         bw_spread = error_bars(bw, *np.array([r.busbw_range_gbps() for r in records]).T)
         ax_bw.errorbar(x, bw, yerr=bw_spread, fmt="o" + style, capsize=3, color=line[0].get_color(),
                        label=group.label)
-    ax_time.set(xscale="log", yscale="log", xlabel="payload (MB)", ylabel="median time per all-reduce (ms)",
+    for ax, which in ((ax_time, "x"), (ax_time, "y"), (ax_bw, "x")):
+        log_scale(ax, which)
+    ax_time.set(xlabel="payload (MB)", ylabel="median time per all-reduce (ms)",
                 title="time (bars: p10–p90)")
-    ax_bw.set(xscale="log", xlabel="payload (MB)", ylabel="busbw (GB/s)",
+    ax_bw.set(xlabel="payload (MB)", ylabel="busbw (GB/s)",
               title="bus bandwidth (bars: at the p90 and p10 times)")
     ax_bw.set_ylim(bottom=0)
     for ax in (ax_time, ax_bw):

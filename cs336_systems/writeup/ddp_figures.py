@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from cs336_systems.bench.stats import paired_median
 from cs336_systems.bench.step.record import StepRecord
-from cs336_systems.writeup.figures import TWO_PANELS, WIDE, error_bars, save
+from cs336_systems.writeup.figures import TWO_PANELS, WIDE, error_bars, log_scale, save
 
 
 def _with_bars(values_s: Sequence[float], intervals_s: Sequence[tuple[float, float] | None]):
@@ -64,6 +64,8 @@ def bucket_sweep_figure(sweep: Sequence[StepRecord], references: dict[str, StepR
     fig = Figure(figsize=(WIDE[0], WIDE[1] + 0.4))
     fig.subplots_adjust(**{**TWO_PANELS, "left": 0.09, "bottom": 0.14})
     ax_exposed, ax_diff = fig.subplots(1, 2)
+    for ax in (ax_exposed, ax_diff):
+        log_scale(ax, "x")
     exposed, bars = _exposed(sweep)
     ax_exposed.errorbar(x, exposed, yerr=bars, fmt="o-", capsize=3, color="black", label="bucketed (ours)")
     for i, (name, r) in enumerate(references.items()):
@@ -71,7 +73,7 @@ def bucket_sweep_figure(sweep: Sequence[StepRecord], references: dict[str, StepR
         if r.exposed_overhead_ci95_s:
             low, high = r.exposed_overhead_ci95_s
             ax_exposed.axhspan(low * 1e3, high * 1e3, color=f"C{i}", alpha=0.1)
-    ax_exposed.set(xscale="log", xlabel="bucket size (MB)", ylabel="step − compute-only step (ms)")
+    ax_exposed.set(xlabel="bucket size (MB)", ylabel="step − compute-only step (ms)")
     ax_exposed.set_title("exposed overhead, per round (bars, bands: 95% interval)", fontsize=10)
     reference = next(iter(references.values()), None)
     if reference is not None:
@@ -80,7 +82,7 @@ def bucket_sweep_figure(sweep: Sequence[StepRecord], references: dict[str, StepR
         ax_diff.errorbar(x, median, yerr=diff_bars, fmt="o-", capsize=3, color="black",
                          label=f"bucketed − {reference.variant}")
         ax_diff.set_title(f"step − {reference.variant}'s, per round (bars: 95% interval)", fontsize=10)
-    ax_diff.set(xscale="log", xlabel="bucket size (MB)", ylabel="difference per step (ms)")
+    ax_diff.set(xlabel="bucket size (MB)", ylabel="difference per step (ms)")
     for ax in (ax_exposed, ax_diff):
         ax.axhline(0, color="black", lw=0.8)
         ax.set_xticks(x, [f"{size:g}" for size in x])

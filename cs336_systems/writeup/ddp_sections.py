@@ -11,6 +11,7 @@ from typing import Any
 
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.variants import COMPUTE_ONLY, TORCH_DDP
+from cs336_systems.ddp.overhead_model import FitIntervals
 from cs336_systems.writeup import coverage, templating
 from cs336_systems.writeup.allreduce_analysis import LinkFit
 from cs336_systems.writeup.bucket_plan import buckets, large_cap, parameter_shapes
@@ -19,6 +20,7 @@ from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.ddp_analysis import STEP_KIND, bucket_sweep, by_variant, gradient_bytes, run_fit, step_runs
 from cs336_systems.writeup.ddp_figures import bucket_sweep_figure, step_time_figure
 from cs336_systems.writeup.load import MachineResults, ResultsFile
+from cs336_systems.writeup.overhead_fit import fit_for_run
 from cs336_systems.writeup.paired import Paired, paired, paired_sync, paired_table
 from cs336_systems.writeup.step_setting import ddp_setting_line, run_facts
 from cs336_systems.writeup.step_tables import variant_table
@@ -47,13 +49,19 @@ def _differences(v: dict[str, StepRecord], named: dict[str, Paired | None],
     return list({(d.a, d.b, d.what): d for d in found}.values())  # each pair once, in first-found order
 
 
-def _predictions(fit: LinkFit | str | None, s_bytes: float | None, naive: StepRecord | None) -> dict[str, Any]:
-    """What the all-reduce line o + bytes/w of this machine predicts for naive's calls and flat's one call."""
+def _predictions(fit: LinkFit | str | None, s_bytes: float | None, naive: StepRecord | None,
+                 intervals: FitIntervals | None = None) -> dict[str, Any]:
+    """What the all-reduce line o + bytes/w of this machine predicts for naive's calls and flat's one call;
+    for naive's also the span over o's and w's 95% intervals (None without them)."""
     if not isinstance(fit, LinkFit) or not s_bytes:
-        return dict(fit=fit if isinstance(fit, str) else None, naive=None, flat=None)
+        return dict(fit=fit if isinstance(fit, str) else None, naive=None, naive_range=None, flat=None)
     calls = naive.allreduce_calls_per_step or 0 if naive else 0
+    naive_range = None
+    if calls and intervals is not None:
+        (o_low, o_high), (w_low, w_high) = intervals.o_s, intervals.w_bytes_per_s
+        naive_range = (calls * max(o_low, 0.0) + s_bytes / w_high, calls * max(o_high, 0.0) + s_bytes / w_low)
     return dict(fit=fit, naive=calls * fit.o_s + s_bytes / fit.w_bytes_per_s if calls else None,
-                flat=fit.o_s + s_bytes / fit.w_bytes_per_s)
+                naive_range=naive_range, flat=fit.o_s + s_bytes / fit.w_bytes_per_s)
 
 
 def ddp_run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> dict[str, Any]:
@@ -70,7 +78,7 @@ def ddp_run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -
     if sweep:
         figures.append(bucket_sweep_figure(sweep, references, f"bucket sweep, {stem}",
                                            ctx.figure_path(f"{stem}_bucket_sweep.png")))
-    s_bytes = gradient_bytes(results)
+    s_bytes, line = gradient_bytes(results), fit_for_run(machine, results)
     copies = None
     if flat is not None and flat.pack_times_s and flat.unpack_times_s:
         copies = dict(pack=statistics.median(flat.pack_times_s), unpack=statistics.median(flat.unpack_times_s))
@@ -79,7 +87,8 @@ def ddp_run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -
         link=details_link("ddp_step", stem.replace("_", "-")), rehearsal=rehearsal, env=results.environment,
         setting=ddp_setting_line(results), facts=run_facts(results, floor.median_step_s if floor else None),
         v=v, d=named, table=variant_table(records), differences=paired_table(differences) if differences else None,
-        copies=copies, predicted=_predictions(run_fit(machine, results), s_bytes, v.get("naive")), s_bytes=s_bytes,
+        copies=copies, predicted=_predictions(run_fit(machine, results), s_bytes, v.get("naive"), line and line.intervals),
+        s_bytes=s_bytes,
         sweep=sweep, verdict=sweep_verdict(sweep, v, comparisons(sweep, v)) if sweep else None,
         plans=[dict(record=r, buckets=buckets(r)) for r in sweep],
         large_cap=large_cap(sweep, s_bytes, parameter_shapes(results.setting)),

@@ -64,6 +64,15 @@ def machine_fits(machine: MachineResults) -> list[GroupFit]:
     return list(fits.values())
 
 
+def fit_for_run(machine: MachineResults, results) -> GroupFit | None:
+    """The line of the machine's all-reduce runs that a step run's backend, device, ranks and GPU sharing
+    select, with its fit and intervals; None where the machine has no such line."""
+    env = results.environment
+    wanted = (env.backend, env.device_type, env.world_size, env.shared_gpu)
+    return next((g for g in machine_fits(machine) if (g.group.backend, g.group.device_type, g.group.world_size,
+                                                      g.group.shared_gpu) == wanted), None)
+
+
 def fit_row(g: GroupFit) -> list:
     """The fit table's row: the line, the payloads, o and w with their intervals, R², the best algbw."""
     head = [g.group.label, ", ".join(fmt.size_mb(r.payload_mb) for r in g.records)]

@@ -3,7 +3,8 @@
 Numbers only: the derivation and every sentence are in ``templates/details/overhead_model.md.j2`` and
 ``templates/answers/ddp_bucketed_benchmarking_b.md.j2``. Inputs: the ``allreduce`` fits (overhead_fit.py),
 the naive variant's backward in ``profile.json`` and each ``ddp_step`` run's bucket sweep, same machine.
-Everything drawn passes through :func:`settled`, so the figure's bytes do not depend on the CPU's rounding.
+Everything drawn passes through :func:`settled` and the bucket axis through :func:`log_scale`, so the
+figure's bytes do not depend on the CPU's rounding.
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from cs336_systems.bench.family.record import FamilyRecord
 from cs336_systems.bench.profile.record import ProfileRecord
 from cs336_systems.bench.step.variants import TORCH_DDP
 from cs336_systems.ddp.auto_bucket import CALIBRATION_ITERS, CALIBRATION_PAYLOAD_BYTES
+from cs336_systems.ddp.overhead_model import minimum_exposed_overhead, optimal_bucket_bytes
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.ddp_analysis import (STEP_KIND, OverheadPrediction, bucket_sweep, by_variant,
                                                 largest_parameter_bytes, predict_overhead, step_runs)
-from cs336_systems.writeup.figures import error_bars, save
+from cs336_systems.writeup.figures import error_bars, log_scale, save
 from cs336_systems.writeup.load import MachineResults, ResultsFile
-from cs336_systems.writeup.overhead_fit import FIT_HEADERS, fit_row, machine_fits, drawn_ms as _ms
+from cs336_systems.writeup.overhead_fit import FIT_HEADERS, fit_for_run, fit_row, machine_fits, drawn_ms as _ms
 
 RATIO_BAND = 0.30  # predicted / measured within 1 ± this counts as the model holding
 WORKLOAD_KEYS = ("model_size", "context_length", "global_batch")  # what a profile must share with a step run
@@ -79,7 +81,8 @@ def overhead_figure(p: OverheadPrediction, torch_ddp, title: str, path: Path) ->
     if torch_ddp is not None:
         ax.plot([25.0], _ms([torch_ddp.exposed_overhead_s]), "D", color="tab:purple",
                 label="torch DDP, measured exposed overhead (25 MB buckets)")
-    ax.set(xscale="log", xlabel="bucket cap (MB)", ylabel="time per step (ms)", title=title)
+    log_scale(ax, "x")
+    ax.set(xlabel="bucket cap (MB)", ylabel="time per step (ms)", title=title)
     ax.set_ylim(bottom=min(0.0, float(exposed.min()) * 1.1))  # from 0, lower only for a negative median
     ax.margins(x=0.08)
     ax.grid(True, alpha=0.3)
@@ -92,8 +95,7 @@ def _prediction(ctx: RenderContext, machine: MachineResults, results: ResultsFil
     out = dict(tag=machine.tag, heading=fmt.run_heading(machine, results).replace("###", "####"),
                setting=fmt.workload_setting_line(results), env=env, command=coverage.GPU.command
                if env.device_type == "cuda" else coverage.CPU.command, why=None, p=None)
-    g = next((g for g in machine_fits(machine) if (g.group.backend, g.group.device_type, g.group.world_size,
-              g.group.shared_gpu) == (env.backend, env.device_type, env.world_size, env.shared_gpu)), None)
+    g = fit_for_run(machine, results)
     records = results.records
     n_parameters, sweep = results.notes.get("n_parameters"), bucket_sweep(records)
     if env.world_size == 1 or g is None or isinstance(g.fit, str) or not n_parameters or not sweep:
@@ -113,7 +115,7 @@ def _prediction(ctx: RenderContext, machine: MachineResults, results: ResultsFil
                            f"{machine.tag}", ctx.figure_path(f"{machine.tag}_{results.name}_overhead_model.png"))
     size = lambda row: fmt.size_mb(row.record.bucket_size_mb)  # noqa: E731
     return {**out, "p": p, "fit": g.fit, "iv": g.intervals, "p_max": p_max, "backward": backward,
-            "fitted": g.records, "auto": _auto_calibration(machine, p.s_bytes),
+            "fitted": g.records, "auto": _auto_calibration(machine, p.s_bytes), "spans": _optimum_spans(p, g.intervals),
             "threads": threads,
             "cores_shared": env.device_type == "cpu" and bool(env.cpu_count and threads)
             and env.world_size * threads >= env.cpu_count,
@@ -136,6 +138,21 @@ def _prediction(ctx: RenderContext, machine: MachineResults, results: ResultsFil
                                 "measured wait after backward (ms)", "channel busy n_b o + s/w (ms; o, w intervals)",
                                 "measured exposed overhead (ms; 95% interval)"], rows),
             "figure": path, "image": ctx.image(path, f"overhead model against the bucket sweep on {machine.tag}")}
+
+
+def _optimum_spans(p: OverheadPrediction, iv) -> dict | None:
+    """b_opt and T over the corners of o's and w's 95% intervals, beside the measured waits after backward
+    (what T, the closed form's wait at its optimum, is to be compared with); None without intervals."""
+    waits = [row.record.median_sync_s for row in p.rows if row.record.median_sync_s]
+    if iv is None or not waits:
+        return None
+    (o_low, o_high), (w_low, w_high) = (max(iv.o_s[0], 0.0), max(iv.o_s[1], 0.0)), iv.w_bytes_per_s
+    p_max = p.largest_param_bytes or 1.0
+    return dict(b_opt=(optimal_bucket_bytes(p.s_bytes, w_low, o_low, p_max),
+                       optimal_bucket_bytes(p.s_bytes, w_high, o_high, p_max)),
+                t_opt=(minimum_exposed_overhead(p.s_bytes, w_high, o_low),
+                       minimum_exposed_overhead(p.s_bytes, w_low, o_high)),
+                waits=(min(waits), max(waits)), ratios=(min(waits) / p.t_opt_s, max(waits) / p.t_opt_s))
 
 
 def _auto_calibration(machine: MachineResults, s_bytes: float) -> dict | None:
@@ -161,6 +178,7 @@ def overhead_page(ctx: RenderContext) -> Page:
     values = dict(fits=fits, runs=runs, missing=sorted(set(missing)), band=RATIO_BAND, link=details_link(
         "overhead_model"), gaps=details_link("machines", "not-measured-here"), family=details_link("auto_bucket"))
     answer = templating.render("answers/ddp_bucketed_benchmarking_b.md.j2", **values)
-    markdown = templating.render("details/overhead_model.md.j2", **{**values, "gaps": "machines.md#not-measured-here"})
+    markdown = templating.render("details/overhead_model.md.j2", **{**values, "gaps": "machines.md#not-measured-here",
+                                                                    "family": "auto_bucket.md"})
     return Page("overhead_model", markdown, {"ddp_bucketed_benchmarking": answer},
                 [r["figure"] for r in runs if r["p"]])
