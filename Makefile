@@ -16,7 +16,7 @@ endif
 unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
-.PHONY: help env test grade autograder bench bench-quick bench-gpu writeup doctor
+.PHONY: help env test grade autograder footprint bench bench-quick bench-gpu writeup doctor
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -51,6 +51,10 @@ endif
 
 autograder: env ## autograder.zip for Gradescope: setup.sh (CPU torch and the locked packages), run_autograder, the grader
 	$(PY) -m grading.autograder autograder.zip
+
+# make footprint FOOTPRINT_ARGS="--submissions tests/fixtures/submission --quotas 1 0.5 --repeats 2 --out writeup/footprint/<tag>/x.json"
+footprint: env ## what grading a submission costs at Gradescope's settings (cgroup: peak memory, CPU, wall time)
+	$(PY) scripts/measure_grading.py $(FOOTPRINT_ARGS)
 
 bench: env ## CPU benchmarks with gloo on this machine (<15 min on 2 cores), then the writeup
 	$(PY) scripts/run_benchmarks.py --suite cpu

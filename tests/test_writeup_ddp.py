@@ -197,6 +197,16 @@ def output_files(out: Path) -> dict[str, bytes]:
     return {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
 
+# writeup/'s inputs, not what `make writeup` renders: results files, and the grading footprint
+# (`make footprint`), which the README quotes.
+WRITEUP_INPUTS = ("results/", "footprint/")
+
+
+def committed_outputs(writeup: Path) -> dict[str, bytes]:
+    """The committed files `make writeup` renders under ``writeup`` (its inputs left out)."""
+    return {name: data for name, data in output_files(writeup).items() if not name.startswith(WRITEUP_INPUTS)}
+
+
 def ms(seconds: float) -> str:
     return fmt.ms(seconds)
 

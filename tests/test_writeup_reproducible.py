@@ -24,7 +24,7 @@ from cs336_systems.ddp import overhead_model
 from cs336_systems.results.paths import RESULTS_ROOT
 from cs336_systems.writeup import allreduce_analysis, overhead_fit, render_writeup
 
-from .test_writeup_ddp import output_files
+from .test_writeup_ddp import committed_outputs, output_files
 
 REPO = Path(__file__).resolve().parents[1]
 RELATIVE_NOISE = 1e-12  # far below anything shown (3-4 significant digits), far above one ulp (1.1e-16)
@@ -108,6 +108,6 @@ def test_the_committed_results_render_the_committed_files_on_another_cpu(tmp_pat
     render_writeup(RESULTS_ROOT, tmp_path)
     assert cpu.calls > 100  # the noise reached the fits and the figures
     fresh = output_files(tmp_path)
-    kept = {name: data for name, data in output_files(REPO / "writeup").items() if not name.startswith("results/")}
+    kept = committed_outputs(REPO / "writeup")
     assert sorted(fresh) == sorted(kept)
     assert [name for name in sorted(fresh) if fresh[name] != kept[name]] == [], "the rendering depends on the CPU"
