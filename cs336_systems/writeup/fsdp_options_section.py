@@ -60,6 +60,8 @@ def _run(results) -> dict:
     return dict(
         setting=fmt.workload_setting_line(results, f"{results.setting.get('rounds', '?')} rounds"),
         n=results.environment.world_size, accounting=accounting,
+        moved_mismatched=[a["option"] for a in accounting if not a["moved_equal"]],
+        held_gap=max((abs(a["held"] / a["held_predicted"] - 1) for a in accounting if a["held_predicted"]), default=0.0),
         no_slower=no_slower, median_no_slower=[r.option for r in records if r.ratio_median <= 1.0],
         bytes_within=[r.option for r in records if _within(r.ours_resident_bytes, r.torch_resident_bytes)],
         options=[r.option for r in records],
