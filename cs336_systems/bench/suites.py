@@ -103,7 +103,15 @@ def cpu_suite(out: Path) -> list[BenchStep]:
         # The tiny LM: twelve (option, side) pairs per round, sixteen rounds: 4 minutes on this
         # 2-core machine while other jobs held a load average near 20.
         fsdp_options=(*FSDP_OPTIONS_TINY, "--rounds", "16"),
-    )
+    ) + [fsdp_hybrid_step(out)]
+
+
+def fsdp_hybrid_step(out: Path) -> BenchStep:
+    """Every FSDP option again at 4 ranks, where hybrid sharding (2 x 2) runs too: gloo ranks
+    sharing this machine's CPUs, 4 rows each (one per micro-batch of the accumulation option)."""
+    args = (*FSDP_OPTIONS_TINY[:4], "--global-batch", "16", "--world-size", "4", "--rounds", "6")
+    return BenchStep("FSDP options at 4 ranks, hybrid sharding among them", "scripts/bench_fsdp_options.py", args,
+                     f"{out}/fsdp_options-ws4.json")
 
 
 def quick_suite(out: Path) -> list[BenchStep]:
