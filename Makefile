@@ -56,7 +56,7 @@ autograder: env ## autograder.zip for Gradescope: setup.sh (CPU torch and the lo
 footprint: env ## what grading a submission costs at Gradescope's settings (cgroup: peak memory, CPU, wall time)
 	$(PY) scripts/measure_grading.py $(FOOTPRINT_ARGS)
 
-bench: env ## CPU benchmarks with gloo on this machine (<15 min on 2 cores), then the writeup
+bench: env ## CPU benchmarks with gloo on this machine (about 20 min on 2 cores), then the writeup
 	$(PY) scripts/run_benchmarks.py --suite cpu
 
 bench-quick: env ## the bench path with minimal sizes (<3 min), into writeup/results/quick
