@@ -77,7 +77,7 @@ def test_same_weights_as_lightning_ddp_strategy_and_a_failing_rank(tmp_path):
         launch(fit_cases_then_fail, 2, (cases, str(tmp_path), failing), backend="gloo", device_type="cpu",
                timeout_s=60)
     assert time.monotonic() - start < 350
-    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
     for case in cases[:-1]:
         for rank, results in enumerate(ranks):
             got = results[case.name]
