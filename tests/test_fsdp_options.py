@@ -14,7 +14,7 @@ reference trains the same model on the whole batch here. Checked per option:
 * bytes held per rank between steps within 5% of torch's, and the step's peak no higher than
   5% above torch's;
 * collectives per step, by what the option changes: no second all-gather without resharding,
-  no reduce-scatter inside ``no_sync``, one reduce-scatter per weight per accumulated step,
+  no reduce-scatter inside ``no_sync``, one reduce-scatter per unit per accumulated step,
   gradients reduced in the reduce dtype's bytes, an all-reduce across replicas;
 * activation checkpointing: results equal to the un-checkpointed run bitwise, and the peak of
   activation bytes lower (measured by the benchmark's counting mode).
@@ -38,7 +38,9 @@ from tests.fsdp_options_cases import BATCH, DEPTH, build_model, run_option_cases
 pytestmark = [pytest.mark.problem("fsdp"), pytest.mark.timeout(300)]
 
 EXHAUSTIVE = os.environ.get("FSDP_OPTIONS_EXHAUSTIVE") == "1"
-N_WEIGHTS = 2 * DEPTH + 2  # sharded weights: each block's up and down, the embedding, the head
+# Our units (cs336_systems/fsdp/unit.py): each block's two weights together, the embedding, the
+# head; each unit takes one all-gather and one reduce-scatter.
+N_UNITS = DEPTH + 2
 N_TORCH_GROUPS = DEPTH + 1  # fully_shard on each block and on the model
 FLOAT32_ATOL = 1e-6  # measured: at most 1.2e-7 (1 ulp of |p| <= 1) after three steps
 BF16_ATOL = 1e-3  # measured: at most 1.3e-4 between the two bf16 runs after three steps
@@ -100,18 +102,18 @@ def _check_collectives(name: str, world_size: int):
     spec = SPECS[name]
     ours, theirs = _counted(world_size, name, "ours"), _counted(world_size, name, "torch")
     base_ours, base_theirs = _counted(world_size, "defaults", "ours"), _counted(world_size, "defaults", "torch")
-    # Every option: one reduce-scatter per weight (ours) or per group (torch's) per step,
+    # Every option: one reduce-scatter per unit (ours) or per group (torch's) per step,
     # however many micro-batches it took.
-    assert ours["calls"]["reduce_scatter"] == N_WEIGHTS
+    assert ours["calls"]["reduce_scatter"] == N_UNITS
     assert theirs["calls"]["reduce_scatter"] == N_TORCH_GROUPS
-    forward_gathers = N_WEIGHTS * spec.micro_batches
+    forward_gathers = N_UNITS * spec.micro_batches
     if not spec.reshard_after_forward:
         assert ours["calls"]["all_gather"] == forward_gathers  # none again in backward
         assert theirs["calls"]["all_gather"] < base_theirs["calls"]["all_gather"]
     else:
-        # Backward gathers again every weight but the embedding's (its gradient needs none);
+        # Backward gathers again every unit but the embedding's (its gradient needs no weight);
         # under checkpointing that gather serves the recomputation.
-        assert ours["calls"]["all_gather"] == forward_gathers + (N_WEIGHTS - 1) * spec.micro_batches
+        assert ours["calls"]["all_gather"] == forward_gathers + (N_UNITS - 1) * spec.micro_batches
         assert theirs["calls"]["all_gather"] == base_theirs["calls"]["all_gather"] * spec.micro_batches
     reduce_bytes = {None: 4, torch.float32: 4, torch.bfloat16: 2}[spec.reduce_dtype]
     gather_bytes = {None: 4, torch.bfloat16: 2}[spec.param_dtype]
@@ -137,8 +139,8 @@ def _check_accounting(name: str, world_size: int):
 
 def _check_hybrid(world_size: int):
     ours, theirs = _counted(world_size, "hybrid", "ours"), _counted(world_size, "hybrid", "torch")
-    assert ours["calls"]["reduce_scatter"] == N_WEIGHTS
-    assert ours["calls"]["all_reduce"] == N_WEIGHTS + 1  # each shard gradient, the replicated ones
+    assert ours["calls"]["reduce_scatter"] == N_UNITS
+    assert ours["calls"]["all_reduce"] == N_UNITS + 1  # each unit's shard gradients, the replicated ones
     # Each rank all-reduces its shard gradients over its replica group: half the weights'
     # bytes (shard size 2), as torch's does (torch also shards the norms' gains ours replicate).
     assert ours["payload_bytes"]["all_reduce"] == pytest.approx(theirs["payload_bytes"]["all_reduce"], rel=0.05)

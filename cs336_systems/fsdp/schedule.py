@@ -1,24 +1,29 @@
 """When FSDP's collectives run: gathers around each layer, prefetches, reductions in backward.
 
+Collectives move units (unit.py): a gather of a weight gathers every member of its unit (a
+Transformer block's weights) not gathered yet, in one all-gather, and a unit's gradients are
+reduce-scattered together once every member's have arrived. Memory is still released weight
+by weight: each is freed as soon as its own use is over.
+
 Forward, for each use of a sharded layer (a module call; a tied weight has one per module):
 
-1. the layer's forward pre-hook waits for its weight's all-gather (launched by the previous
-   layer as a prefetch, or now) and launches the all-gather of the next layer's weight, taken
-   from the order the previous forward ran the layers in, so it overlaps this layer's compute;
+1. the layer's forward pre-hook waits for its weight's all-gather (launched as a prefetch, or
+   now) and launches the all-gather of the next unit's weights, taken from the order the
+   previous forward ran the layers in, so it overlaps this unit's compute;
 2. the layer computes with the full weight, put in place of the shard for the call;
 3. its forward hook puts the shard back and drops the full weight. Any tensor the layer saved
    for backward that lives in the full weight was replaced, when autograd saved it, by a
    marker (``torch.autograd.graph.saved_tensors_hooks``), so nothing keeps the memory alive.
 
 Backward, for each use, in reverse: when autograd unpacks a marker, the weight is gathered
-again (or its prefetch waited for) and the all-gather of the next weight backward needs is
-launched. When the use's weight gradient arrives at :class:`_Unshard`, the full weight is
-dropped and the gradient added to the weight's float32 sum; after the last use of the step
-the sum is reduce-scattered asynchronously while backward goes on. At most
-``MAX_REDUCTIONS_IN_FLIGHT`` reductions are pending at once, which bounds the full gradients
-alive. :meth:`Schedule.finish` launches any reduction whose uses never all produced a
-gradient, all-reduces the replicated parameters' gradients, waits, and installs the shards'
-gradients.
+again with its unit (or its prefetch waited for) and the all-gather of the next unit backward
+needs is launched. When the use's weight gradient arrives at :class:`_Unshard`, the full weight
+is dropped and the gradient added to the weight's float32 sum; once every member of the unit
+has had its last use's gradient, the unit's sums are reduce-scattered asynchronously while
+backward goes on. At most ``MAX_REDUCTIONS_IN_FLIGHT`` reductions are pending at once, which
+bounds the full gradients alive. :meth:`Schedule.finish` launches any reduction whose uses
+never all produced a gradient, all-reduces the replicated parameters' gradients, waits, and
+installs the shards' gradients.
 
 In exact-gradient mode (exact.py) a layer computes with the full weight detached instead of
 through :class:`_Unshard`: its gradient arrives from exact.py, recomputed over the global batch,
@@ -50,6 +55,7 @@ from torch import nn
 
 from cs336_systems.fsdp.activation_checkpointing import is_recomputing
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
+from cs336_systems.fsdp.unit import Unit
 
 # Two: the one just launched can overlap the next layer's backward while the one before it
 # finishes; more would keep more full-size gradients alive for little extra overlap.
@@ -84,11 +90,12 @@ class _SavedFull:
 class Schedule:
     """Drives the gathers, prefetches and reductions of one FSDP-wrapped module."""
 
-    def __init__(self, weights: list[ShardedWeight], replicated: list[nn.Parameter], world_size: int,
+    def __init__(self, units: list[Unit], replicated: list[nn.Parameter], world_size: int,
                  group: dist.ProcessGroup | None, exact_gradients: bool = False, *,
                  reshard_after_forward: bool = True, reduce_dtype: torch.dtype = torch.float32,
                  replicate_group: dist.ProcessGroup | None = None):
-        self.weights = weights  # every sharded weight, in a fixed order every rank shares
+        self.units = units  # in a fixed order every rank shares, as are their members
+        self.weights = [w for unit in units for w in unit.members]
         self.replicated = replicated  # replicated parameters whose gradients are all-reduced
         # Exact mode (exact.py): weight gradients arrive recomputed over the global batch, so
         # each rank keeps its slice instead of reduce-scattering, and layers get detached weights.
@@ -104,29 +111,37 @@ class Schedule:
         self.sync = True  # False inside no_sync(): gradients are summed locally, not reduced
         self._replica_in_flight: deque[dist.Work] = deque()
         self.grad_pending = False  # a gradient arrived since the last finish()
-        self._live: dict[int, ShardedWeight] = {}  # storage address -> gathered weight
+        self._live: dict[int, ShardedWeight] = {}  # id -> weight gathered or being gathered
+        self._storages: dict[int, ShardedWeight] = {}  # storage address -> weight computed with
         self._last_order: list[ShardedWeight] = []  # uses of the previous forward, in order
+        self._forward_next: list[ShardedWeight | None] = []  # per use of it: the next unit's
         self._order: list[ShardedWeight] = []  # uses of this forward so far
         self._saved: list[bool] = []  # per use of this forward: did it save its full weight
         self._backward_order: list[ShardedWeight] = []  # uses that gather again, in backward order
+        self._backward_next: list[ShardedWeight | None] = []
         self._backward_cursor = 0
-        self._in_flight: deque[tuple[dist.Work, torch.Tensor, ShardedWeight]] = deque()
+        self._in_flight: deque[tuple[dist.Work, torch.Tensor, torch.Tensor]] = deque()  # work, in, out
         self._biases: dict[nn.Module, nn.Parameter] = {}  # master biases of layers mid-call
 
     # -- gathering -----------------------------------------------------------------------------
 
     def start_gather(self, weight: ShardedWeight) -> None:
+        """Gather the weight with every member of its unit not gathered yet (one all-gather)."""
         if not weight.is_gathered:
-            weight.start_gather()
-            self._live[weight.storage_address()] = weight
+            assert weight.unit is not None
+            for member in weight.unit.start_gather():
+                self._live[id(member)] = member
 
     def full(self, weight: ShardedWeight) -> torch.Tensor:
         self.start_gather(weight)
-        return weight.full()
+        full = weight.full()
+        self._storages[weight.storage_address()] = weight  # pack() finds views of it by this
+        return full
 
     def free(self, weight: ShardedWeight) -> None:
         if weight.is_gathered:
-            self._live.pop(weight.storage_address(), None)
+            self._live.pop(id(weight), None)
+            self._storages.pop(weight.storage_address(), None)
             weight.free()
 
     # -- forward -------------------------------------------------------------------------------
@@ -139,14 +154,17 @@ class Schedule:
             if self.reshard_after_forward or not self._awaits_backward(weight):
                 self.free(weight)
         self._last_order = self._order
+        self._forward_next = _next_units(self._order)
         self._backward_order = [w for w, saved in zip(reversed(self._order), reversed(self._saved)) if saved]
+        self._backward_next = _next_units(self._backward_order)
         self._backward_cursor = 0
 
     def _planned_next(self, index: int) -> ShardedWeight | None:
-        """The weight the use after ``index`` had last forward, if this forward follows it."""
+        """The first weight of another unit the uses after ``index`` had last forward, if this
+        forward follows it."""
         last = self._last_order
-        if index + 1 < len(last) and last[index] is self._order[index]:
-            return last[index + 1]
+        if index < len(last) and last[index] is self._order[index]:
+            return self._forward_next[index]
         return None
 
     def pre_forward(self, module: nn.Module, weight: ShardedWeight) -> None:
@@ -190,9 +208,9 @@ class Schedule:
 
     def pack(self, tensor: torch.Tensor):
         """saved_tensors_hooks pack: a view of a gathered weight becomes a :class:`_SavedFull`."""
-        if not self._live or tensor.layout != torch.strided:
+        if not self._storages or tensor.layout != torch.strided:
             return tensor
-        weight = self._live.get(tensor.untyped_storage().data_ptr())
+        weight = self._storages.get(tensor.untyped_storage().data_ptr())
         if weight is None or tensor.dtype != weight.compute_dtype:
             return tensor
         if self._order and self._order[-1] is weight:
@@ -209,9 +227,10 @@ class Schedule:
         self.start_gather(weight)
         order, cursor = self._backward_order, self._backward_cursor
         if cursor < len(order) and order[cursor] is weight:
-            self._backward_cursor = cursor = cursor + 1
-            if cursor < len(order) and order[cursor] is not weight:
-                self.start_gather(order[cursor])
+            self._backward_cursor = cursor + 1
+            upcoming = self._backward_next[cursor]
+            if upcoming is not None:
+                self.start_gather(upcoming)
         padded = weight.padded()
         return padded.as_strided(saved.size, saved.stride, saved.storage_offset)
 
@@ -222,29 +241,26 @@ class Schedule:
         if not weight.recompute_holds:
             self.free(weight)
         if weight.add_grad(grad_full) and self.sync:
-            self._launch_reduction(weight)
+            if self.exact_gradients:  # every rank holds the global gradient: no reduction needed
+                weight.keep_own_slice()
+            elif weight.unit is not None and weight.unit.ready_to_reduce():
+                self._launch_reduction(weight.unit)
 
     def on_replicated_grad(self, param: torch.Tensor) -> None:
         self.grad_pending = self.grad_pending or self.sync
 
-    def _launch_reduction(self, weight: ShardedWeight) -> None:
-        if self.exact_gradients:  # every rank holds the global gradient: no reduction needed
-            weight.keep_own_slice()
-            return
+    def _launch_reduction(self, unit: Unit) -> None:
         while len(self._in_flight) >= MAX_REDUCTIONS_IN_FLIGHT:
             self._retire_oldest()
-        work, full_grad = weight.reduce_scatter(self.reduce_dtype)
-        self._in_flight.append((work, full_grad, weight))
+        self._in_flight.append(unit.reduce_scatter(self.reduce_dtype))
 
     def _retire_oldest(self) -> None:
         """Wait for the oldest reduce-scatter; with replicas, launch its all-reduce across them
         (after the wait: collectives on two groups are not ordered with each other)."""
-        work, _, weight = self._in_flight.popleft()
+        work, _, reduced = self._in_flight.popleft()
         work.wait()
         if self.replicate_group is not None:
-            self._replica_in_flight.append(
-                dist.all_reduce(weight.reduced_slices[-1], group=self.replicate_group, async_op=True)
-            )
+            self._replica_in_flight.append(dist.all_reduce(reduced, group=self.replicate_group, async_op=True))
 
     # -- after backward ------------------------------------------------------------------------
 
@@ -255,8 +271,11 @@ class Schedule:
         if self.exact is not None:
             self.exact.finish()
         for weight in self.weights:  # uses whose gradient never came (e.g. an unused output)
-            if weight.has_unreduced_grad:
-                self._launch_reduction(weight)
+            if weight.has_unreduced_grad and self.exact_gradients:
+                weight.keep_own_slice()
+        for unit in self.units:
+            if any(w.has_unreduced_grad for w in unit.members):
+                self._launch_reduction(unit)
         self._all_reduce_replicated()
         while self._in_flight:
             self._retire_oldest()
@@ -296,3 +315,12 @@ class Schedule:
         for p in params:
             p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.dtype)
             offset += p.numel()
+
+
+def _next_units(order: list[ShardedWeight]) -> list[ShardedWeight | None]:
+    """For each position of ``order``, the first later weight of another unit (None: none)."""
+    following: list[ShardedWeight | None] = [None] * len(order)
+    for i in range(len(order) - 2, -1, -1):
+        after = order[i + 1]
+        following[i] = after if after.unit is not order[i].unit else following[i + 1]
+    return following

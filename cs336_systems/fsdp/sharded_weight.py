@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+if TYPE_CHECKING:
+    from cs336_systems.fsdp.unit import Unit, _UnitGather
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,10 @@ class ShardedWeight:
         # The dtype the weight is gathered and computed in; master shards keep their own.
         self.compute_dtype = compute_dtype or weight.dtype
         self._padded: torch.Tensor | None = None  # the gathered buffer while it lives
-        self._gather: dist.Work | None = None  # an all-gather launched but not waited for
+        # An all-gather launched but not waited for: this weight's own, or its unit's, which
+        # fills the buffer when waited for (unit.py).
+        self._gather: dist.Work | _UnitGather | None = None
+        self.unit: Unit | None = None  # the weights gathered and reduced with it (unit.py)
         self._grad: torch.Tensor | None = None  # full-size float32 gradient summed over uses
         self._reduced: list[torch.Tensor] = []  # reduce-scattered gradient slices, unscaled
         self.uses = 0  # uses in this step's forward whose gradient is expected
@@ -93,16 +100,17 @@ class ShardedWeight:
 
     @property
     def is_gathered(self) -> bool:
-        return self._padded is not None
+        """Gathered, or being gathered."""
+        return self._padded is not None or self._gather is not None
 
-    def storage_address(self) -> int:
-        """Address of the gathered buffer's memory: every view of the full weight shares it."""
-        assert self._padded is not None
-        return self._padded.untyped_storage().data_ptr()
+    def storage_address(self) -> int | None:
+        """Address of the gathered buffer's memory, which every view of the full weight shares
+        (None until its all-gather was waited for)."""
+        return None if self._padded is None else self._padded.untyped_storage().data_ptr()
 
     def start_gather(self) -> None:
-        """Launch the all-gather of the full weight (no-op if gathered or gathering)."""
-        if self._padded is not None:
+        """Launch the all-gather of this weight alone (no-op if gathered or gathering)."""
+        if self.is_gathered:
             return
         send = self.shard.detach().to(self.compute_dtype)  # cast first: fewer bytes to move
         self._padded = torch.empty(
@@ -111,6 +119,18 @@ class ShardedWeight:
         self._gather = dist.all_gather_into_tensor(
             self._padded, send, group=self.group, async_op=True
         )
+
+    def await_gather(self, pending: _UnitGather) -> None:
+        """Its unit's all-gather carries this weight; waiting for it fills the buffer."""
+        assert not self.is_gathered
+        self._gather = pending
+
+    def fill_gathered(self, pending: _UnitGather, columns: torch.Tensor) -> None:
+        """The unit's all-gather finished: copy this weight's ``world_size x shard`` columns out."""
+        assert self._gather is pending
+        self._padded = torch.empty(self.layout.padded_numel, dtype=columns.dtype, device=columns.device)
+        self._padded.view(columns.shape).copy_(columns)
+        self._gather = None
 
     def padded(self) -> torch.Tensor:
         """The gathered padded buffer, waiting for (or launching) its all-gather."""
@@ -134,11 +154,11 @@ class ShardedWeight:
         view autograd saved was swapped for a marker (see schedule.py), so none is left to
         read the emptied storage.
         """
-        if self._padded is None:
-            return
         if self._gather is not None:  # never free a buffer a collective is still writing
             self._gather.wait()
             self._gather = None
+        if self._padded is None:
+            return
         self._padded.untyped_storage().resize_(0)
         self._padded = None
 
@@ -163,6 +183,13 @@ class ShardedWeight:
     def has_unreduced_grad(self) -> bool:
         return self._grad is not None
 
+    def take_grad(self) -> torch.Tensor:
+        """The summed full gradient, padded (``world_size * shard_numel``), handed over to a
+        reduction: the weight keeps no reference to it."""
+        assert self._grad is not None
+        grad, self._grad = self._grad, None
+        return grad
+
     def reduce_scatter(self, reduce_dtype: torch.dtype = torch.float32) -> tuple[dist.Work, torch.Tensor]:
         """Launch the sum-reduce-scatter of the summed full gradient, in ``reduce_dtype``.
 
@@ -170,8 +197,7 @@ class ShardedWeight:
         waited for, then drops it (the full gradient's memory goes with it). The output is the
         last of :attr:`reduced_slices` (hybrid sharding all-reduces it across replicas next).
         """
-        assert self._grad is not None
-        full_grad, self._grad = self._grad.to(reduce_dtype), None
+        full_grad = self.take_grad().to(reduce_dtype)
         out = torch.empty(self.layout.shard_numel, dtype=reduce_dtype, device=full_grad.device)
         work = dist.reduce_scatter_tensor(out, full_grad, group=self.group, async_op=True)
         self._reduced.append(out)

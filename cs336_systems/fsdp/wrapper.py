@@ -31,6 +31,7 @@ from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
 from cs336_systems.fsdp.options import FsdpOptions
 from cs336_systems.fsdp.schedule import Schedule
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
+from cs336_systems.fsdp.unit import build_units, unit_keys
 
 if TYPE_CHECKING:  # imported late elsewhere: absent from some builds
     from torch.distributed.device_mesh import DeviceMesh
@@ -133,21 +134,24 @@ class FullyShardedDataParallel(nn.Module):
             checkpoint_layers(module)
 
         weights: dict[int, ShardedWeight] = {}  # id(original Parameter) -> its ShardedWeight
+        by_layer: dict[str, ShardedWeight] = {}
         for name, layer in layers:
             original = layer._parameters["weight"]
             if id(original) not in weights:  # a tied weight is sharded once
                 weights[id(original)] = ShardedWeight(f"{name}.weight", original, compute_dtype, shard_group)
-            weight = weights[id(original)]
+            weight = by_layer[name] = weights[id(original)]
             layer._parameters["weight"] = weight.shard
             layer.register_forward_pre_hook(lambda m, args, w=weight: self._schedule.pre_forward(m, w))
             layer.register_forward_hook(
                 lambda m, args, out, w=weight: self._schedule.post_forward(m, w), always_call=True
             )
+        # A block's weights are gathered and reduced together (unit.py).
+        self.units = build_units(by_layer, unit_keys(module, list(by_layer)))
         self.sharded_weights = list(weights.values())
         install_state_dict_hooks(module, self.sharded_weights)  # torch's DCP helpers: checkpoint.py
         shards = {id(w.shard) for w in self.sharded_weights}
         replicated = [p for p in module.parameters() if id(p) not in shards]
-        self._schedule = Schedule(self.sharded_weights, replicated, self.world_size, group=None,
+        self._schedule = Schedule(self.units, replicated, self.world_size, group=None,
                                   exact_gradients=self.exact_gradients,
                                   reshard_after_forward=options.reshard_after_forward,
                                   reduce_dtype=options.reduce_in, replicate_group=replicate_group)
