@@ -120,10 +120,10 @@ def _hybrid_ours(module: torch.nn.Module, mesh, groups: bool) -> torch.nn.Module
     return FullyShardedDataParallel(module, device_mesh=mesh)
 
 
-def _plain_load(impl: str, ctx: RankContext, broadcast: bool) -> dict[str, torch.Tensor]:
+def _plain_load(impl: str, ctx: RankContext, broadcast: bool, **run_options) -> dict[str, torch.Tensor]:
     """A plain model's state dict loaded into a FSDP of another initialisation, exported back."""
     plain = build_model(Case("plain", "adamw", seed=7), rank=0).state_dict()
-    run = Run(impl, ctx)
+    run = Run(impl, ctx, **run_options)
     if broadcast:  # rank 0 alone holds it, as after torch.load on rank 0
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(run.model, plain if ctx.rank == 0 else {}, options=options)

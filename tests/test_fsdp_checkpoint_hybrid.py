@@ -20,7 +20,12 @@ What is checked, and to what tolerance (tests/test_fsdp_checkpoint.py says why 1
   same arithmetic on the same bits, the moments and AdamW's step count included;
 * across ours and ``fully_shard`` at 4 ranks and into plain sharding at 2 ranks, atol 1e-5
   against the uninterrupted run and single-process training (the gradients are summed in another
-  order); the optimizer state loaded at 2 ranks equals the one exported at 4 bitwise.
+  order); the optimizer state loaded at 2 ranks equals the one exported at 4 bitwise;
+* a plain model's state dict, from every rank or broadcast from rank 0, loads exactly (both forms);
+* groups that form no 2-D grid (replicate groups [0, 3] and [1, 2] across shard groups [0, 1] and
+  [2, 3]) are refused at the first checkpoint, with one line, on every rank.
+
+About 20 s on 2 cores (4 ranks); there is no heavier variant.
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_op
 from torch.distributed.tensor import DTensor
 
 from cs336_systems.launch import RankContext, launch, teardown
-from tests.fsdp_cases import train_reference
-from tests.test_fsdp_checkpoint import CASE, FIRST, TOTAL, Run, _assert_same
+from tests.fsdp_cases import Case, build_model, train_reference
+from tests.test_fsdp_checkpoint import CASE, FIRST, TOTAL, Run, _assert_same, _plain_load
 
 pytestmark = [pytest.mark.problem("beyond"), pytest.mark.timeout(400)]
 
@@ -79,12 +84,31 @@ def _hybrid_job(ctx: RankContext, folder: Path) -> dict:
         resumed.load(folder / side)
         resumed.train(range(FIRST, TOTAL))
         out[side]["resumed"] = resumed.full()
+        for how, broadcast in (("plain", False), ("plain broadcast", True)) if impl == "ours" else ():
+            out[side][how] = _plain_load(impl, ctx, broadcast, mesh=mesh, groups=groups)
     for impl, source in (("ours", "torch"), ("torch", "ours")):
         other = Run(impl, ctx, seed=4, mesh=mesh)
         other.load(folder / source)
         other.train(range(FIRST, TOTAL))
         out[impl][f"resumed from {source}"] = other.full()
+    out["not a grid"] = _not_a_grid(ctx)
     return out
+
+
+def _not_a_grid(ctx: RankContext) -> str:
+    """Groups that are no 2-D grid (shard groups [0, 1], [2, 3]; replicate groups [0, 3],
+    [1, 2]): the checkpoint's error, the same on every rank."""
+    from cs336_systems.fsdp import FullyShardedDataParallel
+
+    shard = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank makes every group
+    replicate = [dist.new_group([0, 3]), dist.new_group([1, 2])]
+    fsdp = FullyShardedDataParallel(build_model(CASE, rank=0), shard_group=shard[ctx.rank // 2],
+                                    replicate_group=replicate[ctx.rank in (1, 2)])
+    try:
+        get_model_state_dict(fsdp.module)
+    except ValueError as e:
+        return str(e)
+    return "no error"
 
 
 def _plain_job(ctx: RankContext, folder: Path) -> dict:
@@ -112,24 +136,26 @@ def run_jobs(ctx: RankContext, root: str) -> dict:
     return done
 
 
-def test_hybrid_checkpoints_as_fully_shard(tmp_path: Path):
-    results = launch(run_jobs, 4, args=(str(tmp_path),), timeout_s=120)
-    for rank, done in enumerate(results):  # every rank's DTensors are fully_shard's
+def _expected(step: int) -> dict[str, torch.Tensor]:
+    """Single-process training's state dict after ``step`` (the tied weight under both names)."""
+    state = train_reference(CASE)[step]
+    return {**state, "lm_head.weight": state["embedding.weight"]}
+
+
+def _check_layouts(results: list[dict]) -> None:
+    # The tied lm_head.weight's moments are embedding.weight's, listed once.
+    moments = {f"{name} {m}" for name in SHARDED[:-1] for m in ("exp_avg", "exp_avg_sq")}
+    for rank, done in enumerate(results):
         theirs = done["hybrid"]["torch"]["layout"]
-        # The tied lm_head.weight's moments are embedding.weight's, listed once.
-        moments = {f"{name} {m}" for name in SHARDED[:-1] for m in ("exp_avg", "exp_avg_sq")}
         assert theirs.keys() == {*SHARDED, *moments}, sorted(theirs)
         for side in ("ours", "ours-groups"):
             assert done["hybrid"][side]["layout"] == theirs, f"rank {rank}: {side} vs fully_shard"
-    job = results[0]["hybrid"]
-    reference = train_reference(CASE)
-    def expected(step: int) -> dict[str, torch.Tensor]:
-        state = {name: value for name, value in reference[step].items()}
-        return {**state, "lm_head.weight": state["embedding.weight"]}
 
+
+def _check_exports(job: dict) -> None:
     ours, groups, theirs = job["ours"], job["ours-groups"], job["torch"]
     for moment, step in (("exported", FIRST - 1), ("uninterrupted", TOTAL - 1)):
-        _assert_same(ours[moment], expected(step), f"ours {moment} vs single process")
+        _assert_same(ours[moment], _expected(step), f"ours {moment} vs single process")
         _assert_same(ours[moment], theirs[moment], f"ours {moment} vs fully_shard's")
     _assert_same(groups["exported"], ours["exported"], "groups form's export vs the mesh form's", atol=0.0)
     assert ours["optimizer"]["param_groups"] == theirs["optimizer"]["param_groups"]
@@ -138,16 +164,36 @@ def test_hybrid_checkpoints_as_fully_shard(tmp_path: Path):
         _assert_same(ours["optimizer"]["state"][name], state, f"AdamW state of {name}, ours vs fully_shard")
         _assert_same(groups["optimizer"]["state"][name], ours["optimizer"]["state"][name],
                      f"AdamW state of {name}, groups vs mesh form", atol=0.0)
-    for side, uninterrupted in (("ours", ours), ("ours-groups", ours), ("torch", theirs)):
-        _assert_same(job[side]["resumed"], uninterrupted["uninterrupted"], f"{side} resumed at 4", atol=0.0)
+    plain = build_model(Case("plain", "adamw", seed=7), rank=0).state_dict()
+    for side in ("ours", "ours-groups"):  # a plain model's state dict, whole and broadcast
+        for how in ("plain", "plain broadcast"):
+            _assert_same(job[side][how], plain, f"{side}: {how}", atol=0.0)
+
+
+def _check_resumes(job: dict, plain: dict) -> None:
+    for side, source in (("ours", "ours"), ("ours-groups", "ours"), ("torch", "torch")):
+        _assert_same(job[side]["resumed"], job[source]["uninterrupted"], f"{side} resumed at 4", atol=0.0)
+    final = _expected(TOTAL - 1)
     for impl, source in (("ours", "torch"), ("torch", "ours")):
         resumed = job[impl][f"resumed from {source}"]
-        _assert_same(resumed, expected(TOTAL - 1), f"{source}'s checkpoint into {impl} vs single process")
+        _assert_same(resumed, final, f"{source}'s checkpoint into {impl} vs single process")
         _assert_same(resumed, job[source]["uninterrupted"], f"{source}'s checkpoint into {impl}")
-    plain = results[0]["plain"]
     for impl in ("ours", "torch"):
         what = f"ours' hybrid checkpoint at 4 into {impl} at 2 (plain sharding)"
-        for name, state in ours["optimizer"]["state"].items():
-            _assert_same(plain[f"{impl} optimizer"]["state"][name], state, f"{what}: AdamW state of {name}", atol=0.0)
-        _assert_same(plain[impl], ours["uninterrupted"], f"{what} vs ours uninterrupted at 4")
-        _assert_same(plain[impl], expected(TOTAL - 1), f"{what} vs single process")
+        for name, state in job["ours"]["optimizer"]["state"].items():
+            loaded = plain[f"{impl} optimizer"]["state"][name]
+            _assert_same(loaded, state, f"{what}: AdamW state of {name}", atol=0.0)
+        _assert_same(plain[impl], job["ours"]["uninterrupted"], f"{what} vs ours uninterrupted at 4")
+        _assert_same(plain[impl], final, f"{what} vs single process")
+
+
+def test_hybrid_checkpoints_as_fully_shard(tmp_path: Path):
+    """One test: every check needs the hybrid job's checkpoints or results."""
+    results = launch(run_jobs, 4, args=(str(tmp_path),), timeout_s=120)
+    _check_layouts(results)
+    _check_exports(results[0]["hybrid"])
+    _check_resumes(results[0]["hybrid"], results[0]["plain"])
+    for rank, done in enumerate(results):
+        message = done["hybrid"]["not a grid"]
+        assert message.startswith("shard_group and replicate_group do not form a 2-D grid"), message
+        assert f"rank {rank}'s replicate group is " in message and "\n" not in message, message

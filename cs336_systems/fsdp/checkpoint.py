@@ -25,6 +25,15 @@ sharded state dicts are in torch), and a checkpoint saved by ours loads into ``f
 the other way round. Replicated parameters stay plain tensors, equal on every rank; DCP writes
 one copy.
 
+Hybrid sharding (HSDP). Each weight is sharded within its shard group and the shard groups hold
+copies, so its rows are placed ``(Replicate(), Shard(0))`` on the 2-D ("replicate", "shard")
+mesh, as ``fully_shard(mesh=<2-D mesh>)`` places them: the wrapper's own ``device_mesh``, or with
+``shard_group``/``replicate_group`` a mesh made from those groups by ``DeviceMesh.from_group``
+(its layout gathered once over the replicate group; groups that form no grid are refused). DCP
+writes each row block once, so a hybrid checkpoint loads at any world size, hybrid or not, into
+ours or ``fully_shard``. ShardedWeight knows only its shard group: the wrapper's options are
+looked up when a checkpoint is made (``_hybrid_options``).
+
 Model hooks are installed by the wrapper; an optimizer's get theirs on its first ``step()``
 (a global pre-step hook), which torch's ``get/set_optimizer_state_dict`` make themselves when the
 optimizer has no state yet, or at once with :func:`enable_optimizer_checkpoints`.
@@ -75,10 +84,12 @@ def _hybrid_mesh(options: FsdpOptions, device_type: str) -> DeviceMesh:
         dist.all_gather_object(rows, row, group=replicate_group)  # on any backend's device
         grid = torch.tensor(rows)
         column = [dist.get_global_rank(replicate_group, i) for i in range(replicate_group.size())]
-        if grid[:, dist.get_rank(shard_group)].tolist() != column:
+        shard_rank = dist.get_rank(shard_group)
+        if grid[:, shard_rank].tolist() != column:
             raise ValueError(
                 f"shard_group and replicate_group do not form a 2-D grid: rank {dist.get_rank()}'s "
-                f"replicate group {column} is not the column of its shard groups {grid.tolist()}"
+                f"replicate group is {column}, but shard rank {shard_rank} of its members' shard "
+                f"groups {grid.tolist()} is {grid[:, shard_rank].tolist()}"
             )
     return DeviceMesh.from_group([replicate_group, shard_group], device_type, mesh=grid,
                                  mesh_dim_names=("replicate", "shard"))
