@@ -54,19 +54,24 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole weights
 
 
 class Run:
-    """One FSDP of either kind over the tied model, with its AdamW: what the checks drive."""
+    """One FSDP of either kind over the tied model, with its AdamW: what the checks drive.
 
-    def __init__(self, impl: str, ctx: RankContext, seed: int = 0):
+    ``mesh``: hybrid sharding on this 2-D ("replicate", "shard") mesh (tests/
+    test_fsdp_checkpoint_hybrid.py), given to ours as ``device_mesh`` or, with ``groups``, as
+    its ``shard_group`` and ``replicate_group``; fully_shard takes the mesh.
+    """
+
+    def __init__(self, impl: str, ctx: RankContext, seed: int = 0, mesh=None, groups: bool = False):
         module = build_model(Case("init", "adamw", seed=seed), rank=0)  # every rank alike
         self.impl, self.ctx = impl, ctx
         if impl == "ours":
-            self.runner = adapters.get_fsdp(module)
+            self.runner = adapters.get_fsdp(module) if mesh is None else _hybrid_ours(module, mesh, groups)
             self.model = self.runner.module  # the model whose parameters are the shards
         else:
             from torch.distributed.device_mesh import DeviceMesh
             from torch.distributed.fsdp import fully_shard
 
-            mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
+            mesh = mesh or DeviceMesh.from_group(dist.group.WORLD, "cpu")
             self.runner = self.model = fully_shard(module, mesh=mesh)
         self.optimizer = make_optimizer("adamw", self.runner.parameters())
 
@@ -105,10 +110,20 @@ class Run:
         return copy.deepcopy(state)
 
 
-def _plain_load(impl: str, ctx: RankContext, broadcast: bool) -> dict[str, torch.Tensor]:
+def _hybrid_ours(module: torch.nn.Module, mesh, groups: bool) -> torch.nn.Module:
+    """Ours under hybrid sharding (an option adapters.get_fsdp does not set)."""
+    from cs336_systems.fsdp import FullyShardedDataParallel
+
+    if groups:
+        return FullyShardedDataParallel(module, shard_group=mesh.get_group("shard"),
+                                        replicate_group=mesh.get_group("replicate"))
+    return FullyShardedDataParallel(module, device_mesh=mesh)
+
+
+def _plain_load(impl: str, ctx: RankContext, broadcast: bool, **run_options) -> dict[str, torch.Tensor]:
     """A plain model's state dict loaded into a FSDP of another initialisation, exported back."""
     plain = build_model(Case("plain", "adamw", seed=7), rank=0).state_dict()
-    run = Run(impl, ctx)
+    run = Run(impl, ctx, **run_options)
     if broadcast:  # rank 0 alone holds it, as after torch.load on rank 0
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(run.model, plain if ctx.rank == 0 else {}, options=options)

@@ -25,6 +25,15 @@ sharded state dicts are in torch), and a checkpoint saved by ours loads into ``f
 the other way round. Replicated parameters stay plain tensors, equal on every rank; DCP writes
 one copy.
 
+Hybrid sharding (HSDP). Each weight is sharded within its shard group and the shard groups hold
+copies, so its rows are placed ``(Replicate(), Shard(0))`` on the 2-D ("replicate", "shard")
+mesh, as ``fully_shard(mesh=<2-D mesh>)`` places them: the wrapper's own ``device_mesh``, or with
+``shard_group``/``replicate_group`` a mesh made from those groups by ``DeviceMesh.from_group``
+(its layout gathered once over the replicate group; groups that form no grid are refused). DCP
+writes each row block once, so a hybrid checkpoint loads at any world size, hybrid or not, into
+ours or ``fully_shard``. ShardedWeight knows only its shard group: the wrapper's options are
+looked up when a checkpoint is made (``_hybrid_options``).
+
 Model hooks are installed by the wrapper; an optimizer's get theirs on its first ``step()``
 (a global pre-step hook), which torch's ``get/set_optimizer_state_dict`` make themselves when the
 optimizer has no state yet, or at once with :func:`enable_optimizer_checkpoints`.
@@ -40,9 +49,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from cs336_systems.fsdp.options import FsdpOptions
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
 
 # id(shard Parameter) -> its ShardedWeight, for every live wrapper (an optimizer finds its
@@ -50,23 +60,78 @@ from cs336_systems.fsdp.sharded_weight import ShardedWeight
 _owners: weakref.WeakValueDictionary[int, ShardedWeight] = weakref.WeakValueDictionary()
 _optimizers_seen: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 _step_hook: torch.utils.hooks.RemovableHandle | None = None
+# A hybrid wrapper's options -> its 2-D mesh per device type, made on its first checkpoint.
+_meshes: weakref.WeakKeyDictionary[FsdpOptions, dict[str, DeviceMesh]] = weakref.WeakKeyDictionary()
 
 
-def _mesh(weight: ShardedWeight, device: torch.device) -> DeviceMesh:
-    """The 1-D mesh of the ranks that share this weight (the FSDP group), on ``device``'s type."""
-    return DeviceMesh.from_group(weight.group or dist.group.WORLD, device.type)
+def _hybrid_mesh(options: FsdpOptions, device_type: str) -> DeviceMesh:
+    """The 2-D ("replicate", "shard") mesh of a hybrid wrapper, on ``device_type``: its own
+    ``device_mesh`` when it has one of that type, else one made from its process groups.
+
+    The groups form has no layout tensor, and a 2-D mesh needs one: each rank's shard group is
+    a row of it, its replicate group a column, and every row crosses every column, so the
+    column's members' rows (gathered over the replicate group) are the whole grid.
+    """
+    shard_group, replicate_group = options.groups()
+    assert shard_group is not None and replicate_group is not None
+    if options.device_mesh is not None:
+        if options.device_mesh.device_type == device_type:
+            return options.device_mesh
+        grid = options.device_mesh.mesh
+    else:
+        row = [dist.get_global_rank(shard_group, j) for j in range(shard_group.size())]
+        rows: list[list[int] | None] = [None] * replicate_group.size()
+        dist.all_gather_object(rows, row, group=replicate_group)  # on any backend's device
+        grid = torch.tensor(rows)
+        column = [dist.get_global_rank(replicate_group, i) for i in range(replicate_group.size())]
+        shard_rank = dist.get_rank(shard_group)
+        if grid[:, shard_rank].tolist() != column:
+            raise ValueError(
+                f"shard_group and replicate_group do not form a 2-D grid: rank {dist.get_rank()}'s "
+                f"replicate group is {column}, but shard rank {shard_rank} of its members' shard "
+                f"groups {grid.tolist()} is {grid[:, shard_rank].tolist()}"
+            )
+    return DeviceMesh.from_group([replicate_group, shard_group], device_type, mesh=grid,
+                                 mesh_dim_names=("replicate", "shard"))
+
+
+def _placement(weight: ShardedWeight, device: torch.device) -> tuple[DeviceMesh, list[Placement]]:
+    """Where this rank's rows live, as ``fully_shard`` places them: ``Shard(0)`` on the FSDP
+    group's 1-D mesh, or under hybrid sharding ``(Replicate(), Shard(0))`` on the 2-D mesh."""
+    options = _hybrid_options(weight)
+    if options is None:
+        return DeviceMesh.from_group(weight.group or dist.group.WORLD, device.type), [Shard(0)]
+    meshes = _meshes.setdefault(options, {})
+    if device.type not in meshes:
+        meshes[device.type] = _hybrid_mesh(options, device.type)
+    return meshes[device.type], [Replicate(), Shard(0)]
+
+
+def _hybrid_options(weight: ShardedWeight) -> FsdpOptions | None:
+    """The options of the wrapper sharding ``weight`` if they are hybrid, else None.
+
+    Looked up when a checkpoint is made: a ShardedWeight knows its shard group only.
+    """
+    from cs336_systems.fsdp.wrapper import _live_wrappers  # late: wrapper.py imports this module
+
+    for wrapper in list(_live_wrappers):
+        if any(w is weight for w in wrapper.sharded_weights):
+            return wrapper.options if wrapper.options.is_hybrid else None
+    raise RuntimeError(f"{weight.name}: no live FullyShardedDataParallel shards this weight")
 
 
 def to_dtensor(weight: ShardedWeight, flat: torch.Tensor) -> DTensor:
     """A shard-shaped tensor (the shard itself, or optimizer state beside it) as this rank's rows
-    of the whole weight-shaped tensor: a ``Shard(0)`` DTensor. A collective over the FSDP group.
+    of the whole weight-shaped tensor: a ``Shard(0)`` DTensor (``(Replicate(), Shard(0))`` under
+    hybrid sharding). A collective over the FSDP group (the shard group).
     """
     layout = weight.layout
     padded = flat.new_empty(layout.padded_numel)
     dist.all_gather_into_tensor(padded, flat.detach().contiguous(), group=weight.group)
     full = layout.unflatten(padded)
+    mesh, placements = _placement(weight, flat.device)
     # No communication (src_data_rank=None): every rank holds `full` and keeps its own chunk.
-    rows = distribute_tensor(full, _mesh(weight, flat.device), [Shard(0)], src_data_rank=None)
+    rows = distribute_tensor(full, mesh, placements, src_data_rank=None)
     # Copied out, so that the gathered buffer is freed now rather than kept by a view.
     return DTensor.from_local(
         rows.to_local().clone(), rows.device_mesh, rows.placements, run_check=False,

@@ -19,7 +19,10 @@ option                     default  what it does (torch's counterpart)
                                     ("replicate", "shard"), or ``shard_group`` and
                                     ``replicate_group``: weights sharded within a shard group,
                                     shard gradients all-reduced across replicas
-                                    (``fully_shard(mesh=<2-D mesh>)``)
+                                    (``fully_shard(mesh=<2-D mesh>)``); checkpoints present
+                                    shards as ``fully_shard``'s, ``(Replicate(), Shard(0))``
+                                    on the 2-D mesh (in the groups form, a mesh made
+                                    from the groups; checkpoint.py)
 =========================  =======  ===========================================================
 
 Gradient accumulation is a context, not an option: backward passes inside
