@@ -31,8 +31,8 @@ mesh, as ``fully_shard(mesh=<2-D mesh>)`` places them: the wrapper's own ``devic
 ``shard_group``/``replicate_group`` a mesh made from those groups by ``DeviceMesh.from_group``
 (its layout gathered once over the replicate group; groups that form no grid are refused). DCP
 writes each row block once, so a hybrid checkpoint loads at any world size, hybrid or not, into
-ours or ``fully_shard``. ShardedWeight knows only its shard group: the wrapper's options are
-looked up when a checkpoint is made (``_hybrid_options``).
+ours or ``fully_shard``. ShardedWeight knows only its shard group: the wrapper hands its
+options over with its weights (:func:`install_state_dict_hooks`).
 
 Model hooks are installed by the wrapper; an optimizer's get theirs on its first ``step()``
 (a global pre-step hook), which torch's ``get/set_optimizer_state_dict`` make themselves when the
@@ -60,6 +60,8 @@ from cs336_systems.fsdp.sharded_weight import ShardedWeight
 _owners: weakref.WeakValueDictionary[int, ShardedWeight] = weakref.WeakValueDictionary()
 _optimizers_seen: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 _step_hook: torch.utils.hooks.RemovableHandle | None = None
+# A hybrid wrapper's options, by the weights it shards.
+_hybrid: weakref.WeakKeyDictionary[ShardedWeight, FsdpOptions] = weakref.WeakKeyDictionary()
 # A hybrid wrapper's options -> its 2-D mesh per device type, made on its first checkpoint.
 _meshes: weakref.WeakKeyDictionary[FsdpOptions, dict[str, DeviceMesh]] = weakref.WeakKeyDictionary()
 
@@ -98,26 +100,13 @@ def _hybrid_mesh(options: FsdpOptions, device_type: str) -> DeviceMesh:
 def _placement(weight: ShardedWeight, device: torch.device) -> tuple[DeviceMesh, list[Placement]]:
     """Where this rank's rows live, as ``fully_shard`` places them: ``Shard(0)`` on the FSDP
     group's 1-D mesh, or under hybrid sharding ``(Replicate(), Shard(0))`` on the 2-D mesh."""
-    options = _hybrid_options(weight)
+    options = _hybrid.get(weight)
     if options is None:
         return DeviceMesh.from_group(weight.group or dist.group.WORLD, device.type), [Shard(0)]
     meshes = _meshes.setdefault(options, {})
     if device.type not in meshes:
         meshes[device.type] = _hybrid_mesh(options, device.type)
     return meshes[device.type], [Replicate(), Shard(0)]
-
-
-def _hybrid_options(weight: ShardedWeight) -> FsdpOptions | None:
-    """The options of the wrapper sharding ``weight`` if they are hybrid, else None.
-
-    Looked up when a checkpoint is made: a ShardedWeight knows its shard group only.
-    """
-    from cs336_systems.fsdp.wrapper import _live_wrappers  # late: wrapper.py imports this module
-
-    for wrapper in list(_live_wrappers):
-        if any(w is weight for w in wrapper.sharded_weights):
-            return wrapper.options if wrapper.options.is_hybrid else None
-    raise RuntimeError(f"{weight.name}: no live FullyShardedDataParallel shards this weight")
 
 
 def to_dtensor(weight: ShardedWeight, flat: torch.Tensor) -> DTensor:
@@ -168,11 +157,14 @@ def _load_rows(weight: ShardedWeight, module: nn.Module, state_dict: dict, prefi
         state_dict[key] = to_flat_shard(weight, state_dict[key], key)
 
 
-def install_state_dict_hooks(module: nn.Module, sharded_weights: list[ShardedWeight]) -> None:
+def install_state_dict_hooks(module: nn.Module, sharded_weights: list[ShardedWeight],
+                             options: FsdpOptions) -> None:
     """Hook every layer holding one of ``sharded_weights`` (tied ones on each of their layers),
     and make optimizers over them hook themselves on their first step."""
     global _step_hook
     by_shard = {id(w.shard): w for w in sharded_weights}
+    if options.is_hybrid:
+        _hybrid.update(dict.fromkeys(sharded_weights, options))
     for layer in module.modules():
         weight = by_shard.get(id(layer._parameters.get("weight")))
         if weight is None:

@@ -148,7 +148,7 @@ class FullyShardedDataParallel(nn.Module):
         # A block's weights are gathered and reduced together (unit.py).
         self.units = build_units(by_layer, unit_keys(module, list(by_layer)))
         self.sharded_weights = list(weights.values())
-        install_state_dict_hooks(module, self.sharded_weights)  # torch's DCP helpers: checkpoint.py
+        install_state_dict_hooks(module, self.sharded_weights, options)  # torch's DCP helpers: checkpoint.py
         shards = {id(w.shard) for w in self.sharded_weights}
         replicated = [p for p in module.parameters() if id(p) not in shards]
         self._schedule = Schedule(self.units, replicated, self.world_size, group=None,
