@@ -2,9 +2,11 @@
 
 Every rank keeps 1/world_size of each Linear and Embedding weight; a layer's full weight exists
 only while the layer computes, forward and backward, and its gradient is reduce-scattered back
-to the shards as soon as backward produces it.
+to the shards as soon as backward produces it. A block's weights travel together: one
+all-gather and one reduce-scatter per Transformer block, as torch's ``fully_shard`` per module.
 
 * sharded_weight.py  one weight's shard layout (flatten, pad, slice) and its collectives
+* unit.py            a block's weights in one all-gather and one reduce-scatter
 * schedule.py        when they run: gather, prefetch, free, reduce-scatter, finish
 * exact.py           exact-gradient mode: gradients recomputed over the global batch
 * options.py         the options torch's ``fully_shard`` users set (reshard_after_forward,

@@ -9,6 +9,8 @@ an interval holding 1 reads "indistinguishable here". Words in
 
 from __future__ import annotations
 
+import math
+
 from cs336_systems.bench.fsdp.options_run import FsdpOptionRecord
 from cs336_systems.bench.fsdp.record import COLLECTIVES
 from cs336_systems.writeup import fmt
@@ -33,6 +35,14 @@ def _within(a: float, b: float) -> bool:
     return abs(a / b - 1) <= BYTES_TOLERANCE
 
 
+def _same_bytes(counted: dict[str, float], predicted: dict[str, float]) -> bool:
+    """Equal byte counts. The prediction is a float, which the writeup reads settled to
+    ``load.INPUT_DIGITS`` significant digits: a count in the billions (the GPU run's gathers)
+    loses its last digits."""
+    return counted.keys() == predicted.keys() and all(
+        math.isclose(counted[k], predicted[k], rel_tol=1e-8) for k in counted)
+
+
 def _moved(payload: dict[str, float]) -> str:
     return ", ".join(f"{k.replace('_', '-')} {fmt.mb(payload[k])}" for k in COLLECTIVES if payload.get(k))
 
@@ -54,12 +64,12 @@ def _run(results) -> dict:
         predicted = {k: v for k, v in r.predicted_payload_bytes.items() if v}
         accounting.append(dict(
             option=r.option, predicted=_moved(predicted), measured=_moved(counted),
-            moved_equal=counted == predicted, held_predicted=r.predicted_resident_bytes,
+            moved_equal=_same_bytes(counted, predicted), held_predicted=r.predicted_resident_bytes,
             held=r.ours_resident_bytes, held_torch=r.torch_resident_bytes))
     no_slower = [r.option for r in records if r.ratio_ci95 is not None and r.ratio_ci95[1] <= 1.0]
     return dict(
         setting=fmt.workload_setting_line(results, f"{results.setting.get('rounds', '?')} rounds"),
-        n=results.environment.world_size, accounting=accounting,
+        n=results.environment.world_size, tag=results.environment.machine_tag, accounting=accounting,
         moved_mismatched=[a["option"] for a in accounting if not a["moved_equal"]],
         held_gap=max((abs(a["held"] / a["held_predicted"] - 1) for a in accounting if a["held_predicted"]), default=0.0),
         no_slower=no_slower, median_no_slower=[r.option for r in records if r.ratio_median <= 1.0],
