@@ -63,7 +63,54 @@ class TiedLayers(TiedLM):
         return self.lm_head(h)
 
 
-MODELS = {"tied": TiedLM, "layers": TiedLayers}
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = Linear(D_MODEL, D_HIDDEN)
+        self.down = nn.Linear(D_HIDDEN, D_MODEL)  # torch's, with a replicated bias
+        self.spare = Linear(D_MODEL, D_MODEL)  # never called: no gradient, no update
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(x)))
+
+
+class BlockLM(nn.Module):
+    """Blocks in an ``nn.ModuleList``, which our FSDP gathers and reduces a block at a time
+    (cs336_systems/fsdp/unit.py), with what makes a block's collective awkward: a weight tied
+    across two blocks (its gradient complete only after both), a layer no forward calls (in the
+    block's gathers, in none of its reductions), and uneven shards at 3 ranks; the embedding is
+    tied to the head outside the blocks."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = Embedding(VOCAB, D_MODEL)
+        self.blocks = nn.ModuleList(_Block() for _ in range(2))
+        self.blocks[1].up.weight = self.blocks[0].up.weight
+        self.norm = RMSNorm(D_MODEL)
+        self.lm_head = Linear(D_MODEL, VOCAB)
+        self.lm_head.weight = self.embedding.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embedding(tokens)
+        for block in self.blocks:
+            h = block(h)
+        return self.lm_head(self.norm(h))
+
+
+MODELS = {"tied": TiedLM, "layers": TiedLayers, "blocks": BlockLM}
+# Per model: the parameters sharded and replicated, by name (a tied weight by its first name).
+SHARDED = {
+    "tied": {"embedding.weight", "up.weight", "down.weight"},
+    "layers": {"embedding.weight", "up.weight", "down.weight"},
+    "blocks": {"embedding.weight", "blocks.0.up.weight", "blocks.0.down.weight", "blocks.1.down.weight",
+               "blocks.0.spare.weight", "blocks.1.spare.weight"},
+}
+REPLICATED = {
+    "tied": {"norm.gain", "down.bias", "scale"},
+    "layers": {"norm.gain", "down.bias"},
+    "blocks": {"norm.gain", "blocks.0.down.bias", "blocks.1.down.bias"},
+}
+UNUSED = {"blocks.0.spare.weight", "blocks.1.spare.weight"}  # no gradient ever
 
 
 class LayerStack(nn.Module):
@@ -109,6 +156,8 @@ CASES = [
     ),
     Case("exact-layers-sgd-fp16", "sgd", torch.float16, exact=True, model="layers"),
     Case("exact-tied-adamw-bf16", "adamw", torch.bfloat16, exact=True, model="tied"),
+    Case("blocks-sgd-fp32", "sgd", model="blocks"),
+    Case("blocks-adamw-bf16", "adamw", torch.bfloat16, model="blocks"),
 ]
 
 
@@ -185,9 +234,11 @@ def train_reference(case: Case, chunks: int = 1) -> list[dict[str, torch.Tensor]
             model.zero_grad(set_to_none=True)
             loss_of(model(tok), tgt).backward()
             for name, p in model.named_parameters():
-                grads[name] = p.grad if name not in grads else grads[name] + p.grad
+                if p.grad is not None:
+                    grads[name] = p.grad if name not in grads else grads[name] + p.grad
         for name, p in model.named_parameters():
-            p.grad = grads[name] / chunks if chunks > 1 else grads[name]
+            if name in grads:
+                p.grad = grads[name] / chunks if chunks > 1 else grads[name]
         optimizer.step()
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     return history
@@ -206,7 +257,7 @@ def _run_case(ctx: RankContext, case: Case) -> dict:
         adapters.fsdp_on_after_backward(fsdp, optimizer)
         grads.append({
             n: (tuple(p.shape), p.grad.dtype, tuple(p.grad.shape), p.grad.clone())
-            for n, p in fsdp.module.named_parameters()
+            for n, p in fsdp.module.named_parameters() if p.grad is not None
         })
         optimizer.step()
         history.append(adapters.fsdp_gather_full_params(fsdp))

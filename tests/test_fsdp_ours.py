@@ -40,7 +40,8 @@ from torch import nn
 import adapters
 from cs336_basics.model import Linear
 from cs336_systems.launch import RankContext, RankFailedError, launch
-from tests.fsdp_cases import ADAMW_LR, BATCH, CASES, SEQ, Case, run_fsdp_cases, train_reference
+from tests.fsdp_cases import (ADAMW_LR, BATCH, CASES, REPLICATED, SEQ, SHARDED, UNUSED, Case, run_fsdp_cases,
+                               train_reference)
 
 pytestmark = [pytest.mark.problem("fsdp"), pytest.mark.timeout(300)]
 
@@ -161,12 +162,11 @@ def test_get_fsdp_backward_is_data_parallel(world_size: int):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 def test_gradients_are_shard_shaped_float32_and_replicas_agree(world_size: int):
     per_rank = fsdp_results(world_size)
-    sharded = {"embedding.weight", "up.weight", "down.weight"}  # lm_head.weight is embedding's
     for case in CASES:
-        replicated = {"norm.gain", "down.bias"} | ({"scale"} if case.model == "tied" else set())
+        sharded, replicated = SHARDED[case.model], REPLICATED[case.model]  # lm_head.weight is embedding's
         for step in range(case.steps):
             grads = [result[case.name]["grads"][step] for result in per_rank]
-            assert set(grads[0]) == sharded | replicated
+            assert set(grads[0]) == (sharded | replicated) - UNUSED  # an unused weight has no .grad
             for rank_grads in grads:
                 for name, (shape, dtype, grad_shape, _) in rank_grads.items():
                     assert grad_shape == shape and dtype == torch.float32, name
