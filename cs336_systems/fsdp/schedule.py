@@ -57,7 +57,7 @@ from cs336_systems.fsdp.activation_checkpointing import is_recomputing
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
 from cs336_systems.fsdp.unit import Unit
 
-# Two: the one just launched can overlap the next layer's backward while the one before it
+# Two: the one just launched can overlap the next unit's backward while the one before it
 # finishes; more would keep more full-size gradients alive for little extra overlap.
 MAX_REDUCTIONS_IN_FLIGHT = 2
 
@@ -118,7 +118,7 @@ class Schedule:
         self._order: list[ShardedWeight] = []  # uses of this forward so far
         self._saved: list[bool] = []  # per use of this forward: did it save its full weight
         self._backward_order: list[ShardedWeight] = []  # uses that gather again, in backward order
-        self._backward_next: list[ShardedWeight | None] = []
+        self._backward_next: list[ShardedWeight | None] = []  # per position: the next unit's
         self._backward_cursor = 0
         self._in_flight: deque[tuple[dist.Work, torch.Tensor, torch.Tensor]] = deque()  # work, in, out
         self._biases: dict[nn.Module, nn.Parameter] = {}  # master biases of layers mid-call

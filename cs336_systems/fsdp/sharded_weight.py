@@ -12,8 +12,9 @@ zero under SGD and AdamW alike.
 * at rest only the shard exists; the full weight's memory exists only between
   :meth:`start_gather` (or :meth:`full`) and :meth:`free`;
 * the full gradient of a step is the sum over every use of the weight in that step (a tied
-  weight has two), reduce-scattered once, when the last use's gradient has arrived (in
-  exact mode, where every rank's sum is already the global gradient, sliced instead);
+  weight has two), reduce-scattered once, alone or with its unit's (unit.py), after the last
+  use's gradient has arrived (in exact mode, where every rank's sum is already the global
+  gradient, sliced instead);
 * the shard's ``.grad`` is written only by :meth:`install_grad`, after the reduction was waited
   for, so an optimizer never sees a partial sum.
 """
@@ -29,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 if TYPE_CHECKING:
-    from cs336_systems.fsdp.unit import Unit, _UnitGather
+    from cs336_systems.fsdp.unit import Unit, UnitGather
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class ShardedWeight:
         self._padded: torch.Tensor | None = None  # the gathered buffer while it lives
         # An all-gather launched but not waited for: this weight's own, or its unit's, which
         # fills the buffer when waited for (unit.py).
-        self._gather: dist.Work | _UnitGather | None = None
+        self._gather: dist.Work | UnitGather | None = None
         self.unit: Unit | None = None  # the weights gathered and reduced with it (unit.py)
         self._grad: torch.Tensor | None = None  # full-size float32 gradient summed over uses
         self._reduced: list[torch.Tensor] = []  # reduce-scattered gradient slices, unscaled
@@ -120,12 +121,12 @@ class ShardedWeight:
             self._padded, send, group=self.group, async_op=True
         )
 
-    def await_gather(self, pending: _UnitGather) -> None:
+    def await_gather(self, pending: UnitGather) -> None:
         """Its unit's all-gather carries this weight; waiting for it fills the buffer."""
         assert not self.is_gathered
         self._gather = pending
 
-    def fill_gathered(self, pending: _UnitGather, columns: torch.Tensor) -> None:
+    def fill_gathered(self, pending: UnitGather, columns: torch.Tensor) -> None:
         """The unit's all-gather finished: copy this weight's ``world_size x shard`` columns out."""
         assert self._gather is pending
         self._padded = torch.empty(self.layout.padded_numel, dtype=columns.dtype, device=columns.device)

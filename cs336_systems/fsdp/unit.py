@@ -56,7 +56,7 @@ def unit_keys(module: nn.Module, layer_names: Sequence[str]) -> dict[str, str]:
     return keys
 
 
-class _UnitGather:
+class UnitGather:
     """The in-flight all-gather of a unit's members: waiting copies every member's full weight
     out of the shared buffer. It stands where a member would keep its own ``dist.Work``."""
 
@@ -96,7 +96,7 @@ class Unit:
             world_size = todo[0].layout.world_size
             gathered = send.new_empty(world_size * send.numel())  # gloo wants it flat
             work = dist.all_gather_into_tensor(gathered, send, group=group, async_op=True)
-            pending = _UnitGather(work, gathered.view(world_size, -1), todo)
+            pending = UnitGather(work, gathered.view(world_size, -1), todo)
             for weight in todo:
                 weight.await_gather(pending)
         return todo
