@@ -29,7 +29,7 @@ Hybrid sharding (HSDP). Each weight is sharded within its shard group and the sh
 copies, so its rows are placed ``(Replicate(), Shard(0))`` on the 2-D ("replicate", "shard")
 mesh, as ``fully_shard(mesh=<2-D mesh>)`` places them: the wrapper's own ``device_mesh``, or with
 ``shard_group``/``replicate_group`` a mesh made from those groups by ``DeviceMesh.from_group``
-(its layout gathered once over the replicate group; groups that form no grid are refused). DCP
+(its layout gathered over the replicate group; the wrapper refuses groups that form no grid). DCP
 writes each row block once, so a hybrid checkpoint loads at any world size, hybrid or not, into
 ours or ``fully_shard``. ShardedWeight knows only its shard group: the wrapper hands its
 options over with its weights (:func:`install_state_dict_hooks`).
@@ -68,32 +68,13 @@ _meshes: weakref.WeakKeyDictionary[FsdpOptions, dict[str, DeviceMesh]] = weakref
 
 def _hybrid_mesh(options: FsdpOptions, device_type: str) -> DeviceMesh:
     """The 2-D ("replicate", "shard") mesh of a hybrid wrapper, on ``device_type``: its own
-    ``device_mesh`` when it has one of that type, else one made from its process groups.
-
-    The groups form has no layout tensor, and a 2-D mesh needs one: each rank's shard group is
-    a row of it, its replicate group a column, and every row crosses every column, so the
-    column's members' rows (gathered over the replicate group) are the whole grid.
-    """
+    ``device_mesh`` when it has one of that type, else one made from its process groups and
+    their grid (``FsdpOptions.grid``: the groups form has no layout tensor, a mesh needs one)."""
+    if options.device_mesh is not None and options.device_mesh.device_type == device_type:
+        return options.device_mesh
     shard_group, replicate_group = options.groups()
     assert shard_group is not None and replicate_group is not None
-    if options.device_mesh is not None:
-        if options.device_mesh.device_type == device_type:
-            return options.device_mesh
-        grid = options.device_mesh.mesh
-    else:
-        row = [dist.get_global_rank(shard_group, j) for j in range(shard_group.size())]
-        rows: list[list[int] | None] = [None] * replicate_group.size()
-        dist.all_gather_object(rows, row, group=replicate_group)  # on any backend's device
-        grid = torch.tensor(rows)
-        column = [dist.get_global_rank(replicate_group, i) for i in range(replicate_group.size())]
-        shard_rank = dist.get_rank(shard_group)
-        if grid[:, shard_rank].tolist() != column:
-            raise ValueError(
-                f"shard_group and replicate_group do not form a 2-D grid: rank {dist.get_rank()}'s "
-                f"replicate group is {column}, but shard rank {shard_rank} of its members' shard "
-                f"groups {grid.tolist()} is {grid[:, shard_rank].tolist()}"
-            )
-    return DeviceMesh.from_group([replicate_group, shard_group], device_type, mesh=grid,
+    return DeviceMesh.from_group([replicate_group, shard_group], device_type, mesh=options.grid(),
                                  mesh_dim_names=("replicate", "shard"))
 
 

@@ -96,6 +96,30 @@ class FsdpOptions:
             return mesh.get_group("shard"), mesh.get_group("replicate")
         return self.shard_group, self.replicate_group
 
+    def grid(self) -> torch.Tensor:
+        """The ranks as a 2-D grid, a row per shard group and a column per replicate group: the
+        mesh's own, or with groups the rows of this rank's replicate group gathered over it (a
+        collective: every rank calls it). Every row must cross every column; where the groups
+        form no grid, a rank's shard gradients would be averaged with other slices' (ValueError,
+        on every rank)."""
+        if self.device_mesh is not None:
+            return self.device_mesh.mesh
+        shard_group, replicate_group = self.groups()
+        assert shard_group is not None and replicate_group is not None
+        row = [dist.get_global_rank(shard_group, j) for j in range(shard_group.size())]
+        rows: list[list[int] | None] = [None] * replicate_group.size()
+        dist.all_gather_object(rows, row, group=replicate_group)  # on any backend's device
+        grid = torch.tensor(rows)
+        column = [dist.get_global_rank(replicate_group, i) for i in range(replicate_group.size())]
+        shard_rank = dist.get_rank(shard_group)
+        if grid[:, shard_rank].tolist() != column:
+            raise ValueError(
+                f"shard_group and replicate_group do not form a 2-D grid: rank {dist.get_rank()}'s "
+                f"replicate group is {column}, but shard rank {shard_rank} of its members' shard "
+                f"groups {grid.tolist()} is {grid[:, shard_rank].tolist()}"
+            )
+        return grid
+
     @property
     def reduce_in(self) -> torch.dtype:
         return self.reduce_dtype or torch.float32

@@ -128,6 +128,8 @@ class FullyShardedDataParallel(nn.Module):
         self.mode = "exact-gradients" if exact_gradients else "reduce-scatter"  # as results name it
         self.world_size = dist.get_world_size()
         shard_group, replicate_group = options.groups()
+        if options.shard_group is not None:
+            options.grid()  # groups that form no 2-D grid are refused here, before any sharding
         if options.sync_module_states:
             self._broadcast_from_rank0()
         if options.activation_checkpointing:
