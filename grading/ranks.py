@@ -250,6 +250,19 @@ def _start(p) -> None:
         p.start()
 
 
+def _reasons(errors: list[str]) -> str:
+    """The first failing rank's reason, then those of other ranks that say something else: a
+    peer that died while the first waited for it (gloo's "connection closed by peer") names the
+    cause only in its own line. At most 500 characters."""
+    said, others = {errors[0].split(": ", 1)[-1]}, []
+    for error in errors[1:]:
+        what = error.split(": ", 1)[-1]
+        if what not in said:
+            said.add(what)
+            others.append(error)
+    return (errors[0] + (f" (also {'; '.join(others)})" if others else ""))[:500]
+
+
 def _exit_line(rank: int, code: int | None) -> str:
     if code is not None and code < 0:
         return f"rank {rank} died ({signal.Signals(-code).name})" if -code in signal.valid_signals() \
@@ -260,7 +273,7 @@ def _exit_line(rank: int, code: int | None) -> str:
 def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: float | None = None) -> list[Any]:
     """Run ``fn(Rank, decode(payloads[rank]))`` on ``world_size`` new ranks; their values, by rank.
 
-    Raises RankFailure with the first failing rank's one-line reason if any rank raised, died,
+    Raises RankFailure with the failing ranks' one-line reasons (``_reasons``) if any rank raised, died,
     left without a report, sent an unreadable one, or the group was still running after
     ``timeout_s``; every rank process is gone when it returns.
     """
@@ -318,7 +331,7 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
                 _kill(p)
                 reader.close()
     if errors:
-        raise RankFailure(errors[0][:500])
+        raise RankFailure(_reasons(errors))
     if len(values) < world_size:
         missing = sorted(set(range(world_size)) - set(values))
         raise RankFailure(f"timed out after {timeout_s:.0f} s (ranks {missing} never finished: "

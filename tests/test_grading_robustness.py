@@ -7,6 +7,9 @@
 * AdamW's first step is lr·g/(|g| + eps): a gradient near 0 that two summation orders round
   differently (as a sum over ranks and a single-process sum do) must not move the weights apart
   by more than the suite's tolerance; with torch's default eps it moves them by about lr.
+* A rank that dies while its peer waits for it in gloo leaves the peer's "connection closed by
+  peer" as the first failure: the reason given names the dead rank too (seen once in make test,
+  where only rank 0's line was shown).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import pytest
 import torch
 
 from grading import checks, models, wire
-from grading.ranks import Rank, run_ranks
+from grading.ranks import Rank, _reasons, run_ranks
 
 pytestmark = pytest.mark.problem("beyond")
 
@@ -41,6 +44,16 @@ def test_ranks_start_from_a_fresh_server_when_the_old_one_refuses():
     second = run_ranks(_rank_and_server, 2, payloads, timeout_s=120)
     assert [r["rank"] for r in second] == [0, 1]
     assert {r["server"] for r in second}.isdisjoint({r["server"] for r in first})
+
+
+def test_a_failure_names_the_peer_that_caused_it_once():
+    # Seen once in make test: rank 0's "connection closed by peer" alone, rank 1's cause unsaid.
+    caused = _reasons(["rank 0: RuntimeError: Gloo connectFullMesh failed: Connection closed by peer",
+                       "rank 1 died (SIGSEGV)"])
+    assert caused.startswith("rank 0: RuntimeError") and caused.endswith("(also rank 1 died (SIGSEGV))")
+    same = _reasons(["rank 0: AssertionError: differs", "rank 1: AssertionError: differs"])
+    assert same == "rank 0: AssertionError: differs"
+    assert len(_reasons(["rank 0: " + "x" * 600, "rank 1 died (SIGKILL)"])) == 500
 
 
 def test_adamw_steps_on_gradients_that_differ_by_rounding_agree_within_tolerance():
