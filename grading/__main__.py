@@ -15,6 +15,7 @@ from pathlib import Path
 from grading.course import EXECUTORS, grade_folder, safe_name
 from grading.harness import Limits, grade
 from grading.problems import GRADED
+from grading.selfcheck import GraderFailure, SetupError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,6 +52,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.submission is not None and not (target.is_dir() or target.suffix == ".zip"):
         parser.error(f"{target} is neither a folder nor a .zip")
     limits = Limits(args.test_timeout, args.time_limit, args.memory_gb)
+    try:
+        _grade(args, limits, only)
+    except (SetupError, GraderFailure) as e:  # nothing was written: say why in one line
+        print(f"python -m grading: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
+def _grade(args: argparse.Namespace, limits: Limits, only: tuple[str, ...] | None) -> None:
     if args.folder:
         grade_folder(args.folder, args.out or Path("grades"), args.repeats, args.edition, limits, args.jobs, only,
                      executor=args.executor, partition=args.partition, regrade=args.regrade)
@@ -58,7 +68,6 @@ def main(argv: list[str] | None = None) -> int:
         name = args.submission.resolve().name.removesuffix(".zip")
         grade(args.submission, args.out or Path("grades") / safe_name(name), args.repeats, args.edition, limits,
               only=only)
-    return 0
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ Gradescope's containers get; the forgery tests use it to grade both ways on one 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -33,6 +34,7 @@ from pathlib import Path
 
 from grading import student
 
+REPOSITORY = Path(__file__).resolve().parent.parent  # the checkout (or Gradescope's source/) the grader runs from
 UNSHARE = ["unshare", "--net", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child"]
 
 
@@ -124,8 +126,7 @@ class Containment:
         fork server what the ranks' view covers and what it keeps in sight under those folders
         (the grader's copy, Python and its packages; a folder on their way that other users may
         not enter is covered too, so that the student uid reaches what it needs)."""
-        python = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-                  *sysconfig.get_paths().values(), *site.getsitepackages()]
+        python = python_folders()
         if self.student:
             for folder in writable:
                 student.give(folder, self.student.uid)
@@ -136,8 +137,9 @@ class Containment:
         if self.student and closed and not self.namespaces:
             raise ContainmentError(f"the student uid cannot enter {closed[0]} (on the way to Python or its "
                                    "packages): install them where any user can read them, or grade with namespaces")
+        links = sorted({link for p in [*keep, *python] for link in _links_on_the_way(str(p))})
         return {"GRADING_RANK_HIDDEN": os.pathsep.join([*(os.path.realpath(p) for p in hidden), *closed]),
-                "GRADING_RANK_KEEP": os.pathsep.join(keep_real)}
+                "GRADING_RANK_KEEP": os.pathsep.join(keep_real), "GRADING_RANK_LINKS": json.dumps(links)}
 
     def stop(self, proc: subprocess.Popen) -> None:
         """Kill every process of the run; returns only once none is left (raises if one is)."""
@@ -171,6 +173,65 @@ class Containment:
     def release(self) -> None:
         if self.student:
             student.release(self.student)
+
+
+COURSE_PACKAGES = ("cs336_systems", "cs336_basics", "grading", "tests")
+MAX_LINKS_READ = 20_000  # entries of a site-packages folder looked at for links
+
+
+def package_paths() -> list[str]:
+    """Import folders of this Python beyond the interpreter's own: ``PYTHONPATH`` entries and
+    folders a ``.pth`` file adds (a cluster's packages carried in ``/tmp/site``, say), without
+    the working folder, the grader's own checkout (``REPOSITORY``) and any folder holding a
+    package a submission brings itself (``COURSE_PACKAGES``): a rank must never import ours in
+    place of a submission's. The harness hands them to the suite and the ranks
+    (``GRADING_PACKAGE_PATHS``)."""
+    own = [os.path.realpath(p) for p in [*sysconfig.get_paths().values(), *site.getsitepackages()]]
+    skip = [os.path.realpath(REPOSITORY)]
+    found: list[str] = []
+    for entry in sys.path:
+        real = os.path.realpath(entry) if entry else ""
+        if not real or not os.path.isdir(real) or real in found or any(_inside(real, f) for f in own + skip) \
+                or any(os.path.exists(os.path.join(real, name)) for name in COURSE_PACKAGES):
+            continue
+        found.append(real)
+    return found
+
+
+def python_folders() -> list[str]:
+    """Every folder the interpreter and its packages live in, as the ranks must see them: the
+    prefixes, the interpreter's folder, the install paths, ``package_paths``, and where the
+    entries of site-packages that are links lead (a virtual environment whose packages link
+    into another environment, as some course images and tests build them)."""
+    folders = [sys.prefix, sys.base_prefix, sys.exec_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+               *sysconfig.get_paths().values(), *site.getsitepackages(), *package_paths()]
+    for packages in site.getsitepackages():
+        try:
+            with os.scandir(packages) as entries:
+                for n, entry in enumerate(entries):
+                    if n >= MAX_LINKS_READ:
+                        break
+                    if entry.is_symlink() and os.path.exists(entry.path):
+                        folders.append(os.path.dirname(os.path.realpath(entry.path)))
+        except OSError:
+            continue
+    return folders
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def _links_on_the_way(path: str) -> list[tuple[str, str]]:
+    """(link, where it leads) for each symbolic link on the way to ``path``: the interpreter's
+    paths name them (a ``.venv`` that links to another environment), and a covered folder that
+    held one must hold it again in the ranks' view (sandbox.relink)."""
+    links, here = [], os.path.abspath(path)
+    while here != os.path.dirname(here):
+        if os.path.islink(here):
+            links.append((here, os.path.realpath(here)))
+        here = os.path.dirname(here)
+    return links
 
 
 def _closed_ancestors(path: str) -> list[str]:

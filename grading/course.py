@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from grading import report, student, summary
+from grading import report, selfcheck, student, summary
 from grading.harness import Graded, Limits, grade
 
 EXECUTORS = ("inprocess", "local", "slurm")
@@ -142,6 +142,8 @@ def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, lim
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     start = time.monotonic()
+    if executor == "inprocess":  # a job on another node checks its own machine (harness.grade)
+        selfcheck.ensure(limits)  # SetupError: nothing graded, nothing written
     out.mkdir(parents=True, exist_ok=True)
     for private in (folder, out):
         _private(private, quiet)

@@ -36,9 +36,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from grading import report
-from grading.containment import Containment, ContainmentError, limit, namespaces_available
+from grading import report, selfcheck
+from grading.containment import Containment, ContainmentError, limit, namespaces_available, package_paths
 from grading.problems import GRADED, hand_graded
+from grading.selfcheck import GRADER_FAILURE
 from grading.sandbox import not_dumpable
 from grading.submission import (adapters_file, detect_edition, find_root, missing_packages, python_roots,
                                 syntax_error, unpack)
@@ -88,12 +89,16 @@ def grader_commit() -> str:
 
 def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = None,
           limits: Limits = Limits(), quiet: bool = False, keep_scratch: bool = False,
-          only: tuple[str, ...] | None = None, select: str | None = None) -> Graded:
+          only: tuple[str, ...] | None = None, select: str | None = None, self_check: bool = True) -> Graded:
     """Grade one checkout or zip into ``out``: results.json, grade.md, and the pytest log.
 
     ``only`` grades just those problems, and ``select`` (a pytest ``-k`` expression) just those
-    tests: the grader's own tests use them to stay quick."""
+    tests: the grader's own tests use them to stay quick. The first grading of a process grades
+    the grader's own probe first (selfcheck.py): SetupError if this machine cannot run ranks,
+    GraderFailure if this submission's ranks could not start; either way nothing is written."""
     not_dumpable()  # this process records the grade
+    if self_check:
+        selfcheck.ensure(limits)
     start = time.monotonic()
     name = submission.resolve().name.removesuffix(".zip")
     out.mkdir(parents=True, exist_ok=True)
@@ -124,6 +129,9 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
                                               only, select, deadline=start + limits.submission_timeout_s)
             except ContainmentError as e:
                 notes = dict.fromkeys(GRADED[edition], f"not graded: {e}")
+            failed_to_start = [e for e in entries if str(e.get("reason", "")).startswith(GRADER_FAILURE)]
+            if failed_to_start:
+                raise selfcheck.GraderFailure(f"{failed_to_start[0]['test']}: {failed_to_start[0]['reason']}"[:400])
         problems = report.graded(edition, only)
         tests = report.grade_tests(entries, problems, notes, not_run)
         rows = report.problem_grades(tests, problems, hand_graded(edition))
@@ -167,10 +175,12 @@ def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, lim
     view = containment.hand_over(scratch, writable, out, hidden=[scratch.parent, private, out.parent, out,
                                                                   submission.resolve().parent, GRADER_DIR.parent],
                                  keep=[grader])
+    packages = package_paths()  # where this Python's packages live beyond site-packages
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(private),
         "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-        "PYTHONPATH": str(grader), "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
+        "PYTHONPATH": os.pathsep.join([str(grader), *packages]), "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
+        "GRADING_PACKAGE_PATHS": os.pathsep.join(packages),
         "GRADING_TOKEN": containment.token, "GRADING_EDITION": edition,
         "GRADING_SUBMISSION_ROOTS": os.pathsep.join(map(str, roots)),
         "GRADING_TEST_TIMEOUT": str(limits.test_timeout_s),
@@ -213,10 +223,10 @@ def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, lim
             entries.append(json.loads(line))
         except (json.JSONDecodeError, UnicodeDecodeError):
             continue
-    if not entries:  # the suite itself could not start: say why, in one line, from its log
+    if not entries:  # the suite never imports the submission: its failure to start is the grader's
         text = [ln.strip() for ln in (out / "pytest.log").read_text(errors="replace").splitlines() if ln.strip()]
         errors = [ln for ln in text if "Error" in ln]
-        not_run = f"the suite did not start: {(errors or text or ['no output'])[-1][:300]}"
+        raise selfcheck.GraderFailure(f"the suite did not start: {(errors or text or ['no output'])[-1][:300]}")
     return entries, not_run
 
 

@@ -17,6 +17,7 @@ In that process (``GRADING_RANK_SERVER`` set, started as ``python -c``), in this
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import sys
@@ -33,7 +34,9 @@ def enter() -> None:
     from grading import ranks, sandbox, student
 
     if os.environ.get("GRADING_NETNS"):
-        left = sandbox.rank_view(_paths("GRADING_WRITABLE"), _paths("GRADING_RANK_HIDDEN"), _paths("GRADING_RANK_KEEP"))
+        links = [tuple(pair) for pair in json.loads(os.environ.get("GRADING_RANK_LINKS") or "[]")]
+        left = sandbox.rank_view(_paths("GRADING_WRITABLE"), _paths("GRADING_RANK_HIDDEN"), _paths("GRADING_RANK_KEEP"),
+                                 links)
         if left:
             print(f"grading sandbox: could not make read-only: {', '.join(left)}", flush=True)
     if os.environ.get("GRADING_STUDENT_UID") or os.environ.get("GRADING_NETNS"):  # else: the user's own count

@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 from grading import wire
 from grading.sandbox import not_dumpable
+from grading.selfcheck import GRADER_FAILURE
 
 # Set by the harness; a test run by hand gets the defaults.
 TEST_TIMEOUT_S = float(os.environ.get("GRADING_TEST_TIMEOUT", "60"))
@@ -52,6 +53,10 @@ class RankFailure(Exception):
         super().__init__(reason)
         self.reason = reason
         self.timed_out = timed_out
+
+    @property
+    def grader(self) -> bool:
+        return self.reason.startswith(GRADER_FAILURE)
 
 
 @dataclass(frozen=True)
@@ -141,7 +146,8 @@ def capabilities() -> int:
 def _use_submission(roots: list[str]) -> None:
     """Import the submission's packages after everything else, and nothing in their place.
 
-    The path keeps the standard library, site-packages and the grader's own folder, then the
+    The path keeps the standard library, site-packages, the grader's own folder and the folders
+    the harness found this Python's packages in (``GRADING_PACKAGE_PATHS``), then the
     submission's folders: its ``torch.py`` or ``pytest.py`` shadows nothing. Any other entry
     goes: a project installed in editable mode puts its root on the path through a .pth file,
     and this repository's ``cs336_systems`` must never stand in for a submission's. The working
@@ -152,7 +158,8 @@ def _use_submission(roots: list[str]) -> None:
     grader = os.path.dirname(os.path.dirname(os.path.abspath(wire.__file__)))
     allowed = {os.path.realpath(p) for p in (*(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
                                                                                    "platlib")),
-                                             *site.getsitepackages(), grader)}
+                                             *site.getsitepackages(), grader,
+                                             *filter(None, os.environ.get("GRADING_PACKAGE_PATHS", "").split(os.pathsep)))}
     zipped = os.path.realpath(sys.base_prefix)
 
     def kept(entry: str) -> bool:
@@ -183,6 +190,7 @@ def _send(fd: int, data: bytes) -> None:
 def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payload: bytes, writer: Any,
                roots: list[str]) -> None:
     """Entry point of one forked rank: confine, join the group, run ``fn``, report, leave."""
+    started = False  # the submission's code can run only from here on (``fn`` imports it)
     try:
         confine()
         _use_submission(roots)
@@ -194,9 +202,10 @@ def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payloa
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=TEST_TIMEOUT_S + 30))  # the deadline comes first
+        started = True
         report: dict = {"value": fn(Rank(rank, world_size), wire.decode(payload))}
     except BaseException as exc:  # noqa: BLE001 - anything a student's code raises is a result
-        report = {"error": f"rank {rank}: {one_line(exc, roots)}"}
+        report = {"error": f"rank {rank}: {one_line(exc, roots)}", "start_up": not started}
     try:
         data = wire.encode(report)
     except Exception as exc:  # noqa: BLE001
@@ -297,6 +306,7 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
         deadline = time.monotonic() + timeout_s
         values: dict[int, Any] = {}
         errors: list[str] = []
+        start_up = 0  # errors raised before the submission's code could run
         try:
             open_fds = set(fds)
             while open_fds and time.monotonic() < deadline:
@@ -324,12 +334,15 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
                         else:
                             error = report.get("error") if isinstance(report, dict) else None
                             errors.append(error if isinstance(error, str) else f"rank {r} sent an unreadable report")
+                            start_up += isinstance(report, dict) and report.get("start_up") is True
                     if errors:
                         deadline = min(deadline, time.monotonic() + GRACE_AFTER_ERROR_S)
         finally:
             for p, reader in procs:
                 _kill(p)
                 reader.close()
+    if errors and start_up == len(errors):
+        raise RankFailure(f"{GRADER_FAILURE}ranks could not start before the submission's code ran: {_reasons(errors)}")
     if errors:
         raise RankFailure(_reasons(errors))
     if len(values) < world_size:

@@ -91,6 +91,15 @@ def cover(hidden: list[str], keep: list[str]) -> None:
             os.close(fd)
 
 
+def relink(links: list[tuple[str, str]]) -> None:
+    """Each link that a covered folder held, made again where the interpreter's paths name it (a
+    ``.venv`` linking to another environment); what it leads to was bound back by ``cover``."""
+    for link, target in links:
+        if not os.path.lexists(link) and os.path.exists(target):
+            os.makedirs(os.path.dirname(link), exist_ok=True)
+            os.symlink(target, link)
+
+
 def private_dev() -> None:
     """``/dev`` as a fresh tmpfs with only the harmless devices (bound from the real ones), the
     usual links to ``/proc/self/fd`` and a fresh ``/dev/shm``."""
@@ -131,7 +140,8 @@ def read_only_except(writable: list[str]) -> list[str]:
     return failed
 
 
-def rank_view(writable: list[str], hidden: list[str], keep: list[str]) -> list[str]:
+def rank_view(writable: list[str], hidden: list[str], keep: list[str],
+              links: list[tuple[str, str]] = ()) -> list[str]:
     """The ranks' mount namespace (see the module's docstring), made in this process and inherited
     by every process it forks; the mount points that could not be made read-only."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -139,6 +149,7 @@ def rank_view(writable: list[str], hidden: list[str], keep: list[str]) -> list[s
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the grader's view
     cover(hidden, [*keep, *writable])
+    relink(links)
     private_dev()
     return read_only_except(writable)
 

@@ -24,14 +24,16 @@ from pathlib import Path
 os.environ["GRADING_NAMESPACES"] = "0"
 
 from grading import sandbox  # noqa: E402
-from grading.containment import _closed_ancestors  # noqa: E402
+from grading.containment import REPOSITORY, _closed_ancestors  # noqa: E402
 from grading.course import grade_folder  # noqa: E402
 from grading.harness import Limits, grade  # noqa: E402
 
 
 def open_python() -> None:
+    """Python, its packages and the grader's checkout (a container's image has them readable by
+    any user) kept in sight under the folders covered here."""
     python = {os.path.realpath(p) for p in [sys.prefix, sys.base_prefix, *sysconfig.get_paths().values(),
-                                            *site.getsitepackages()] if os.path.exists(p)}
+                                            *site.getsitepackages(), REPOSITORY] if os.path.exists(p)}
     closed = sorted({a for p in python for a in _closed_ancestors(p)} - python)
     sandbox.cover(closed, sorted(python))
 
