@@ -23,6 +23,7 @@ Gradescope runs one container per submission; its ``run_autograder`` (autograder
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -32,17 +33,14 @@ import tempfile
 import threading
 import time
 import uuid
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from grading import report, selfcheck
+from grading import intake, report, selfcheck
 from grading.containment import Containment, ContainmentError, limit, namespaces_available, package_paths
 from grading.problems import GRADED, hand_graded
 from grading.selfcheck import GRADER_FAILURE
 from grading.sandbox import not_dumpable
-from grading.submission import (adapters_file, detect_edition, find_root, missing_packages, python_roots,
-                                syntax_error, unpack)
 
 __all__ = ["Graded", "Limits", "grade", "grader_commit", "namespaces_available"]
 
@@ -64,6 +62,7 @@ class Graded:
     tests: list[report.TestGrade]
     seconds: float
     note: str = ""  # why there is no grade (a folder's job that died), "" when graded
+    remarks: tuple[str, ...] = ()  # grade.md's lines above the table (a package missing, the edition)
 
 
 def grader_commit() -> str:
@@ -102,31 +101,25 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
     start = time.monotonic()
     name = submission.resolve().name.removesuffix(".zip")
     out.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="grade-"))
+    scratch, held = scratch_folder()
     containment = Containment.start(uuid.uuid4().hex)
     notes: dict[str, str] = {}
     try:
-        tree = scratch / "submission"
-        try:
-            unpack(submission, tree)
-        except (OSError, ValueError, zipfile.BadZipFile) as e:
-            notes = dict.fromkeys(GRADED[edition or "2026"], f"could not unpack the submission: {e}")
-        root = find_root(tree)
-        edition = edition or detect_edition(root)
-        adapters = adapters_file(root) if tree.exists() else None
-        if not notes and adapters is None:
-            notes = dict.fromkeys(GRADED[edition], "no adapters file (tests/adapters.py or adapters.py) in the submission")
-        elif not notes and (error := syntax_error(adapters, root)):
-            notes = dict.fromkeys(GRADED[edition], error)
+        deadline = start + limits.submission_timeout_s
+        found = intake.run(submission, scratch / "submission", edition, limits.memory_gb, deadline)
+        course_edition, edition = edition, edition or found.detected
+        missing = list(found.remarks)
+        if course_edition and found.answers and found.answers != course_edition:
+            missing.insert(0, f"This submission answers the {found.answers} edition's adapters; it is graded "
+                              f"against the course's {course_edition} rubric (out of its total).")
+        if found.problem:
+            notes = dict.fromkeys(GRADED[edition], found.problem)
         entries: list[dict] = []
         not_run = "not run"
-        missing: list[str] = []
         if not notes:
-            roots = python_roots(root, missing)
-            missing += missing_packages(root, adapters, edition)
             try:
-                entries, not_run = _run_suite(scratch, roots, edition, repeats, limits, containment, submission, out,
-                                              only, select, deadline=start + limits.submission_timeout_s)
+                entries, not_run = _run_suite(scratch, [Path(r) for r in found.roots], edition, repeats, limits,
+                                              containment, submission, out, only, select, deadline)
             except ContainmentError as e:
                 notes = dict.fromkeys(GRADED[edition], f"not graded: {e}")
             failed_to_start = [e for e in entries if str(e.get("reason", "")).startswith(GRADER_FAILURE)]
@@ -149,11 +142,44 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
                 print(line)
             print("\n".join(report.table_lines(rows)))
             print(f"written: {out / 'results.json'}, {out / 'grade.md'}")
-        return Graded(name, rows, tests, seconds)
+        return Graded(name, rows, tests, seconds, remarks=tuple(missing))
     finally:
         containment.release()
         if not keep_scratch:
             shutil.rmtree(scratch, ignore_errors=True)
+        os.close(held)
+
+
+SCRATCH_PREFIX = "grade-"
+
+
+def scratch_folder() -> tuple[Path, int]:
+    """A new scratch folder, and a descriptor holding an ``flock`` on it for as long as this
+    grading runs; first, the scratch folders of gradings that died (killed, out of memory)
+    are removed: their lock is free."""
+    base = Path(tempfile.gettempdir())
+    try:
+        stale = [e for e in os.scandir(base) if e.name.startswith(SCRATCH_PREFIX)]
+    except OSError:
+        stale = []
+    for entry in stale:
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != os.geteuid():
+                continue
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(entry.path, ignore_errors=True)  # by descriptor: a link inside is not followed
+        except BlockingIOError:
+            pass  # a grading in progress
+        finally:
+            os.close(fd)
+    scratch = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    held = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    return scratch, held
 
 
 def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, limits: Limits,

@@ -11,66 +11,24 @@ import ast
 import fnmatch
 import importlib.util
 import os
-import shutil
 import sys
 import tomllib
-import zipfile
 from pathlib import Path
 
+from grading.files import SKIP_DIRS, read_regular
 from grading.problems import EDITION_ADAPTERS
 
 ADAPTER_FILES = ("tests/adapters.py", "adapters.py")  # the public layout first
-MAX_UNPACKED_BYTES = 2 << 30
-MAX_FILES = 50_000  # a tree with more is refused, before anything else looks at it
 MAX_VISITS = 5_000  # folders a workspace member's glob may visit, all members together
-SKIP_DIRS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", "node_modules", "wandb", ".mypy_cache"}
-MAX_FILE_BYTES = 64 << 20  # larger files (checkpoints, data) are left out of the scratch copy
-
-
-class TreeTooLarge(ValueError):
-    """A submission's tree beyond the limits; the message is the grade's one line."""
-
-
-def unpack(submission: Path, dest: Path) -> None:
-    """Copy a checkout, or unpack a zip, into ``dest`` (no links followed, no path outside it;
-    at most MAX_FILES files and MAX_UNPACKED_BYTES bytes)."""
-    count = 0
-    if submission.is_dir():
-        def ignore(folder: str, names: list[str]) -> set[str]:
-            nonlocal count
-            count += len(names)
-            if count > MAX_FILES:
-                raise TreeTooLarge(f"{submission.name} has more than {MAX_FILES} files")
-            return {n for n in names if n in SKIP_DIRS or n.endswith(".pyc")
-                    or (os.path.isfile(os.path.join(folder, n)) and os.path.getsize(os.path.join(folder, n)) > MAX_FILE_BYTES)}
-        shutil.copytree(submission, dest, symlinks=True, ignore=ignore)
-        return
-    dest.mkdir(parents=True)
-    with zipfile.ZipFile(submission) as z:
-        total = 0
-        if len(z.infolist()) > MAX_FILES:
-            raise TreeTooLarge(f"{submission.name} has more than {MAX_FILES} files")
-        for info in z.infolist():
-            target = (dest / info.filename).resolve()
-            if not str(target).startswith(str(dest.resolve()) + os.sep) or info.is_dir():
-                continue
-            if (info.external_attr >> 16) & 0o170000 == 0o120000:  # a symbolic link
-                continue
-            total += info.file_size
-            if total > MAX_UNPACKED_BYTES:
-                raise TreeTooLarge(f"{submission.name} unpacks to more than {MAX_UNPACKED_BYTES >> 30} GiB")
-            if info.file_size > MAX_FILE_BYTES or any(part in SKIP_DIRS for part in Path(info.filename).parts):
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with z.open(info) as src, open(target, "wb") as out:
-                shutil.copyfileobj(src, out)
 
 
 def syntax_error(path: Path, root: Path) -> str | None:
     try:
-        ast.parse(path.read_bytes(), filename=str(path))
+        ast.parse(read_regular(path), filename=str(path))
     except SyntaxError as e:
         return f"{path.relative_to(root)}:{e.lineno}: SyntaxError: {e.msg}"
+    except (OSError, ValueError) as e:
+        return f"{path.relative_to(root)}: cannot be read as Python source: {e}"
     return None
 
 
@@ -123,7 +81,7 @@ def _project_folders(root: Path, refused: list[str] | None = None) -> list[Path]
     visiting at most MAX_VISITS folders). A path that is absolute or leaves the submission is
     refused, with a line in ``refused``."""
     try:
-        project = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8", errors="replace"))
+        project = tomllib.loads(read_regular(root / "pyproject.toml").decode("utf-8", errors="replace"))
     except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
         return []
     uv = project.get("tool", {}).get("uv", {}) if isinstance(project.get("tool"), dict) else {}
@@ -183,8 +141,8 @@ def missing_packages(root: Path, adapters: Path | None, edition: str) -> list[st
     needed = {"cs336_basics"} if edition in ("2026", "both") else set()
     if adapters is not None:
         try:
-            tree = ast.parse(adapters.read_bytes())
-        except SyntaxError:
+            tree = ast.parse(read_regular(adapters))
+        except (SyntaxError, OSError, ValueError):
             tree = ast.Module(body=[], type_ignores=[])
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
@@ -198,9 +156,33 @@ def missing_packages(root: Path, adapters: Path | None, edition: str) -> list[st
     lines = []
     for package in sorted(needed):
         if not any((r / package).is_dir() or (r / f"{package}.py").is_file() for r in roots):
+            empty = [m for m in uninitialised_submodules(root) if package in m.replace("-", "_")]
+            if empty:
+                lines.append(f"git submodule not initialised: {', '.join(empty)} (upload with submodules, e.g. "
+                             f"git clone --recurse-submodules, or git submodule update --init); {package} is in it.")
+                continue
             lines.append(f"Package {package} is not in the submission; looked in {', '.join(places.values())} "
                          "(pyproject.toml's [tool.uv.sources] paths and workspace members, cs336-basics/, the root).")
     return lines
+
+
+def uninitialised_submodules(root: Path) -> list[str]:
+    """The paths ``.gitmodules`` names whose folder is missing or empty in the submission: a
+    checkout uploaded without ``--recurse-submodules`` (the public layout's ``cs336-basics``)."""
+    try:
+        text = read_regular(root / ".gitmodules").decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    paths = [line.split("=", 1)[1].strip() for line in text.splitlines()
+             if line.strip().startswith("path") and "=" in line and line.split("=", 1)[0].strip() == "path"]
+    empty = []
+    for path in paths:
+        folder = root / path
+        if os.path.isabs(path) or ".." in Path(path).parts or "\0" in path:
+            continue
+        if folder.is_symlink() or not folder.is_dir() or not any(folder.iterdir()):
+            empty.append(path)
+    return empty
 
 
 def _is_stub(fn: ast.FunctionDef) -> bool:
@@ -221,8 +203,8 @@ def _is_stub(fn: ast.FunctionDef) -> bool:
 def implemented_adapters(path: Path) -> tuple[set[str], set[str]]:
     """(names the file provides, names it implements): defined with a real body, or imported."""
     try:
-        tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"), filename=str(path))
-    except SyntaxError:
+        tree = ast.parse(read_regular(path).decode("utf-8", errors="replace"), filename=str(path))
+    except (SyntaxError, OSError, ValueError):
         return set(), set()
     named, implemented = set(), set()
     for node in tree.body:
