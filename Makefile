@@ -49,8 +49,8 @@ else
 	@echo "usage: make grade SUBMISSION=<checkout or .zip> | SUBMISSIONS=<folder> [OUT=dir] [REPEATS=n] [EDITION=2025|2026] [ONLY=problem] [EXECUTOR=local|slurm PARTITION=p] [REGRADE=1]"; exit 2
 endif
 
-autograder: env ## autograder.zip for Gradescope: setup.sh (CPU torch and the locked packages), run_autograder, the grader
-	$(PY) -m grading.autograder autograder.zip
+autograder: env ## autograder.zip for Gradescope (EDITION=2026|2025, default 2026: the course's rubric): setup.sh, run_autograder, the grader
+	$(PY) -m grading.autograder autograder.zip $(or $(EDITION),2026)
 
 # make footprint FOOTPRINT_ARGS="--submissions tests/fixtures/submission --quotas 1 0.5 --repeats 2 --out writeup/footprint/<tag>/x.json"
 footprint: env ## what grading a submission costs at Gradescope's settings (cgroup: peak memory, CPU, wall time)

@@ -7,7 +7,9 @@ submission it copies ``run_autograder`` to ``/autograder/run_autograder``, start
 ``/autograder/results/results.json``. The zip holds:
 
 * ``grading/``: this grader, with ``COMMIT`` (the commit it was built from: grade.md and
-  results.json name it);
+  results.json name it) and ``EDITION``, the course's edition, pinned when the package is built
+  (``make autograder EDITION=2026|2025``): every submission is graded against that edition's
+  rubric, out of its total; one that answers the other edition's adapters is flagged in grade.md;
 * ``requirements.txt``: every package of this repository's lock that grading needs, as locked,
   but torch and the CUDA libraries (Gradescope's machines have no GPU);
 * ``setup.sh``: a virtual environment in ``ROOT/venv`` with the locked torch version's CPU build
@@ -19,7 +21,7 @@ submission it copies ``run_autograder`` to ``/autograder/run_autograder``, start
   ``REPEATS`` (default ``DEFAULT_REPEATS``) and ``TIME_LIMIT`` (seconds, default
   ``DEFAULT_TIME_LIMIT_S``: inside Gradescope's 10 minutes) may be set in the environment.
 
-    python -m grading.autograder autograder.zip
+    python -m grading.autograder autograder.zip [2026|2025]
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ LEFT_OUT = ("torch", "nvidia-", "cuda-")  # the CPU build of torch comes from it
 
 DEFAULT_REPEATS = 2  # runs per test: fits Gradescope's 10 minutes at half a CPU (README, "Gradescope")
 DEFAULT_TIME_LIMIT_S = 540  # the whole submission: results are written before Gradescope's 10 minutes
+COURSE_EDITIONS, DEFAULT_EDITION = ("2026", "2025"), "2026"
 INSTALLED = "installed.txt"  # what setup.sh installed (pip freeze), beside grading/ in the source folder
 
 SETUP = """#!/usr/bin/env bash
@@ -82,7 +85,7 @@ mkdir -p "$ROOT/results"
 cd "$ROOT/source"
 export PYTHONPATH="$ROOT/source"
 exec "$PY" -m grading "$ROOT/submission" --out "$ROOT/results" --repeats "${REPEATS:-{repeats}}" \\
-    --time-limit "${TIME_LIMIT:-{time_limit}}"
+    --time-limit "${TIME_LIMIT:-{time_limit}}" --edition "$(cat "$ROOT/source/grading/EDITION")"
 """
 
 
@@ -100,13 +103,17 @@ def requirements() -> tuple[list[str], str]:
     return [ln for ln in lines if not ln.startswith(LEFT_OUT)], torch
 
 
-def build(path: Path) -> Path:
+def build(path: Path, edition: str = DEFAULT_EDITION) -> Path:
+    """The package at ``path``, grading every submission as ``edition`` (the course's)."""
+    if edition not in COURSE_EDITIONS:
+        raise ValueError(f"the course's edition must be one of {COURSE_EDITIONS}, got {edition!r}")
     wanted, torch_version = requirements()
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         for file in sorted(GRADER_DIR.rglob("*")):
             if file.is_file() and "__pycache__" not in file.parts and file.suffix != ".pyc":
                 z.write(file, Path("grading") / file.relative_to(GRADER_DIR))
         z.writestr("grading/COMMIT", grader_commit() + "\n")
+        z.writestr("grading/EDITION", edition + "\n")
         z.writestr("requirements.txt", "\n".join(wanted) + "\n")
         setup = SETUP.replace("{torch_version}", torch_version).replace("{installed}", INSTALLED)
         run = RUN.replace("{repeats}", str(DEFAULT_REPEATS)).replace("{time_limit}", str(DEFAULT_TIME_LIMIT_S))
@@ -118,7 +125,9 @@ def build(path: Path) -> Path:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m grading.autograder OUT.zip")
-    built = build(Path(sys.argv[1]))
-    print(f"written: {built} ({built.stat().st_size // 1024} KiB); upload it as the autograder of a programming assignment")
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] and sys.argv[2] not in COURSE_EDITIONS:
+        raise SystemExit(f"usage: python -m grading.autograder OUT.zip [{'|'.join(COURSE_EDITIONS)}]")
+    course = sys.argv[2] if len(sys.argv) == 3 else DEFAULT_EDITION
+    built = build(Path(sys.argv[1]), course)
+    print(f"written: {built} ({built.stat().st_size // 1024} KiB), grading every submission as the {course} "
+          "edition; upload it as the autograder of a programming assignment")

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grading import student
+from grading import share, student
 
 REPOSITORY = Path(__file__).resolve().parent.parent  # the checkout (or Gradescope's source/) the grader runs from
 UNSHARE = ["unshare", "--net", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child"]
@@ -97,13 +97,22 @@ class Containment:
     namespaces: bool
     student: student.Student | None = None
     notes: list[str] = field(default_factory=list)
+    share: share.Share = field(default_factory=share.Share)
 
     @classmethod
     def start(cls, token: str) -> Containment:
-        return cls(token, namespaces_available(), student.claim() if student.can_switch() else None)
+        return cls(token, namespaces_available(), student.claim() if student.can_switch() else None,
+                   share=share.make(token))
+
+    def preexec(self, limits):
+        """The run's first process: its resource limits, then into the run's cgroup (share.py)."""
+        def apply() -> None:
+            limits()
+            self.share.enter()
+        return apply
 
     def describe(self) -> str:
-        parts = ["scratch copy, scrubbed environment, resource limits"]
+        parts = ["scratch copy, scrubbed environment, resource limits", self.share.describe()]
         if self.student:
             parts.append(f"ranks as uid {self.student.uid} (owns only the scratch copy)")
         if self.namespaces:
@@ -151,9 +160,12 @@ class Containment:
         if self.student:
             if not student.kill_all(self.student.uid):
                 raise RuntimeError(f"processes of uid {self.student.uid} survived SIGKILL")
-            student.remove_files(self.student.uid)
         else:
             kill_tagged(self.token)
+        if not self.share.kill_all():  # any session, uid or environment: it is in the run's cgroup
+            raise RuntimeError(f"processes in {self.share.folders[0]} survived SIGKILL")
+        if self.student:
+            student.remove_files(self.student.uid)
 
     def _stop_namespace(self, proc: subprocess.Popen) -> None:
         """The PID namespace's first process killed; unshare returns once its exit is reaped, and
@@ -171,6 +183,8 @@ class Containment:
         with_signal(os.killpg, proc.pid)
 
     def release(self) -> None:
+        self.share.kill_all()
+        self.share.remove()
         if self.student:
             student.release(self.student)
 

@@ -3,7 +3,7 @@
 Each submission is graded by ``harness.grade``, contained exactly as when graded alone, into
 ``OUT/<name>/`` (results.json, grade.md, grade.json). Where the grading runs:
 
-* ``inprocess``: ``jobs`` submissions at once on this machine, from this process;
+* ``inprocess``: ``jobs`` submissions at once on this machine, each by a process of its own;
 * ``local``: the same path as a cluster, through submitit's local executor (one process per job);
 * ``slurm``: one SLURM job per submission through submitit, on ``partition``.
 
@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import multiprocessing as mp
 import os
 import re
 import shutil
 import time
 from collections import Counter
+from multiprocessing import connection as mp_connection
 from dataclasses import replace
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tqdm import tqdm
@@ -109,9 +110,10 @@ def _private(folder: Path, quiet: bool) -> None:
 
 
 def grade_one(submission: Path, out: Path, repeats: int, edition: str | None, limits: Limits,
-              only: tuple[str, ...] | None, select: str | None) -> Graded:
+              only: tuple[str, ...] | None, select: str | None, self_check: bool = True) -> Graded:
     """One submission, as a job runs it (module level: submitit pickles it by name)."""
-    return grade(submission, out, repeats, edition, limits, quiet=True, only=only, select=select)
+    return grade(submission, out, repeats, edition, limits, quiet=True, only=only, select=select,
+                 self_check=self_check)
 
 
 def _already(folder: Path, key: bytes) -> Graded | None:
@@ -181,20 +183,48 @@ def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, lim
     return graded
 
 
+def _graded_in_child(submission: Path, folder: Path, args: tuple, conn) -> None:
+    """A child process's whole life: grade one submission, send the Graded (or the error) back."""
+    start = time.monotonic()
+    try:
+        result = grade_one(submission, folder, *args, self_check=False)  # the parent checked this machine
+    except Exception as e:  # noqa: BLE001 - a row that says why, not a lost folder
+        result = _died(submission, e, time.monotonic() - start)
+    conn.send(result)
+    conn.close()
+
+
 def _in_process(todo: list[Path], out: Path, names: dict[Path, str], args: tuple, jobs: int,
                 bar: tqdm) -> dict[Path, Graded]:
+    """Each submission graded by a process of its own (spawned: it shares no descriptor, thread
+    or memory with another submission's grading), at most ``jobs`` at once. A process that dies
+    (killed, out of memory) costs its own submission a "not graded" row, never a neighbour's."""
+    context = mp.get_context("spawn")
     results: dict[Path, Graded] = {}
-
-    def one(submission: Path) -> None:
-        start = time.monotonic()
-        try:
-            results[submission] = grade_one(submission, out / names[submission], *args)
-        except Exception as e:  # noqa: BLE001 - a row that says why, not a lost folder
-            results[submission] = _died(submission, e, time.monotonic() - start)
-        bar.update()
-
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        list(pool.map(one, todo))
+    waiting, running = list(todo), {}
+    while waiting or running:
+        while waiting and len(running) < max(1, jobs):
+            submission = waiting.pop(0)
+            receive, send = context.Pipe(duplex=False)
+            child = context.Process(target=_graded_in_child, args=(submission, out / names[submission], args, send),
+                                    name=f"grade {names[submission]}")
+            child.start()
+            send.close()
+            running[submission] = (child, receive, time.monotonic())
+        ready = mp_connection.wait([r for _, r, _ in running.values()] + [c.sentinel for c, _, _ in running.values()])
+        for submission, (child, receive, started) in list(running.items()):
+            if receive not in ready and child.sentinel not in ready:
+                continue
+            try:
+                results[submission] = receive.recv()
+            except (EOFError, OSError):
+                child.join()
+                results[submission] = _died(submission, RuntimeError(
+                    f"the grading process died (exit status {child.exitcode})"), time.monotonic() - started)
+            child.join()
+            receive.close()
+            del running[submission]
+            bar.update()
     return results
 
 

@@ -30,7 +30,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ from pathlib import Path
 
 from grading import intake, report, selfcheck
 from grading.containment import Containment, ContainmentError, limit, namespaces_available, package_paths
+from grading.outcomes import SLOW_FRACTION, Outcomes
 from grading.problems import GRADED, hand_graded
 from grading.selfcheck import GRADER_FAILURE
 from grading.sandbox import not_dumpable
@@ -109,9 +109,8 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
         found = intake.run(submission, scratch / "submission", edition, limits.memory_gb, deadline)
         course_edition, edition = edition, edition or found.detected
         missing = list(found.remarks)
-        if course_edition and found.answers and found.answers != course_edition:
-            missing.insert(0, f"This submission answers the {found.answers} edition's adapters; it is graded "
-                              f"against the course's {course_edition} rubric (out of its total).")
+        if flag := edition_flag(course_edition, found.answers):
+            missing.insert(0, flag)
         if found.problem:
             notes = dict.fromkeys(GRADED[edition], found.problem)
         entries: list[dict] = []
@@ -151,6 +150,15 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
 
 
 SCRATCH_PREFIX = "grade-"
+
+
+def edition_flag(course: str | None, answers: str | None) -> str | None:
+    """grade.md's line for a submission that answers the other edition's adapters than the
+    course's (pinned: ``--edition``, the autograder package's EDITION); it is graded as the course's."""
+    if course in (None, "both") or answers in (None, course):
+        return None
+    return (f"This submission answers the {answers} edition's adapters; it is graded against the course's "
+            f"{course} rubric (out of its total).")
 
 
 def scratch_folder() -> tuple[Path, int]:
@@ -221,43 +229,43 @@ def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, lim
     pytest_args = ["-c", str(grader / "pytest.ini"), "--rootdir", str(grader),
                    "-p", "grading.plugin", "-p", "no:cacheprovider", "-q", "--tb=short",
                    f"--grading-repeats={repeats}", f"--grading-fd={writer}",
-                   "-o", f"timeout={int(limits.test_timeout_s + 60)}", str(grader / "grading" / "suite"),
-                   *(["-k", select] if select else [])]
+                   "-o", f"timeout={int(limits.test_timeout_s + 60)}", "-o", "timeout_method=thread",
+                   str(grader / "grading" / "suite"), *(["-k", select] if select else [])]
     command = containment.command([sys.executable, "-m", "grading.sandbox", *pytest_args])
     not_run = "not run"
-    lines: list[bytes] = []
     cpu_s = int(limits.submission_timeout_s * 2)
     with open(out / "pytest.log", "wb") as log:
         proc = subprocess.Popen(command, cwd=grader, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=limit(limits.memory_gb, cpu_s, limits.open_files), pass_fds=(writer,))
+                                stderr=subprocess.STDOUT, start_new_session=True, pass_fds=(writer,),
+                                preexec_fn=containment.preexec(limit(limits.memory_gb, cpu_s, limits.open_files)))
         os.close(writer)
-        collector = threading.Thread(target=_collect, args=(reader, lines), daemon=True)
-        collector.start()
+        outcomes = Outcomes(reader, limits.test_timeout_s)
         try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            not_run = f"not run: the submission's time limit of {limits.submission_timeout_s:.0f} s was reached"
+            while proc.poll() is None and not outcomes.stop.is_set() and time.monotonic() < deadline:
+                outcomes.stop.wait(timeout=min(1.0, max(0.01, deadline - time.monotonic())))
+            if outcomes.stop.is_set():
+                not_run = (f"not run: every test so far failed the same way after at least "
+                           f"{SLOW_FRACTION * limits.test_timeout_s:.0f} s ({outcomes.stop_reason[:200]}), "
+                           "so the grading stopped early, as after a hang")
+            elif proc.poll() is None:
+                not_run = f"not run: the submission's time limit of {limits.submission_timeout_s:.0f} s was reached"
         finally:
             containment.stop(proc)
-            collector.join(timeout=10)
-    if proc.returncode not in (0, 1, 5) and not_run == "not run":  # 1: some test failed; 5: none selected
-        not_run = f"not run: the suite stopped (pytest exit status {proc.returncode})"
-    entries = []
-    for line in b"".join(lines).splitlines():
-        try:
-            entries.append(json.loads(line))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            continue
+            outcomes.join(timeout=10)
+    entries = outcomes.entries
     if not entries:  # the suite never imports the submission: its failure to start is the grader's
-        text = [ln.strip() for ln in (out / "pytest.log").read_text(errors="replace").splitlines() if ln.strip()]
+        text = [ln.strip() for ln in _tail(out / "pytest.log").splitlines() if ln.strip()]
         errors = [ln for ln in text if "Error" in ln]
         raise selfcheck.GraderFailure(f"the suite did not start: {(errors or text or ['no output'])[-1][:300]}")
+    if not_run == "not run" and (missing := outcomes.missing_runs(repeats)):
+        last = [ln.strip() for ln in _tail(out / "pytest.log").splitlines() if ln.strip()] or ["no output"]
+        raise selfcheck.GraderFailure(f"grader interrupted (pytest exit status {proc.returncode}, {missing} test "
+                                      f"run(s) not run: {last[-1][:200]}); no grade written: grade it again")
     return entries, not_run
 
 
-def _collect(fd: int, into: list[bytes]) -> None:
-    """Read the plugin's outcomes until pytest (the only holder of the write end) is gone."""
-    with os.fdopen(fd, "rb", buffering=0) as pipe:
-        while chunk := pipe.read(1 << 16):
-            into.append(chunk)
+def _tail(path: Path, size: int = 64 << 10) -> str:
+    """The last ``size`` bytes of a log the grader wrote (it may be large)."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+        return f.read().decode(errors="replace")

@@ -33,7 +33,7 @@ class Intake:
 
     root: str  # the folder holding the adapters (the tree itself when there are none)
     detected: str  # the edition the adapters answer ("2026" when undecided: detect_edition)
-    answers: str | None = None  # the edition whose adapters it implements more of; None on a tie
+    answers: str | None = None  # the edition more of whose own constructors it implements; None on a tie
     adapters: str | None = None
     problem: str = ""  # why nothing can be graded (no adapters, a syntax error, could not unpack)
     roots: list[str] = field(default_factory=list)
@@ -67,9 +67,12 @@ def inspect(submission: Path, tree: Path, edition: str | None) -> Intake:
         found.problem = "no adapters file (tests/adapters.py or adapters.py) in the submission"
         return found
     _, implemented = implemented_adapters(adapters)
-    counts = {e: len(implemented & set(names)) for e, names in EDITION_ADAPTERS.items()}
-    if len(set(counts.values())) > 1:
-        found.answers = max(counts, key=counts.get)
+    # Each edition's own constructors (get_*: a hook may rightly be empty), as a fraction: the lists differ.
+    own = {e: {n for n in names if n.startswith("get_")} - {n for o, theirs in EDITION_ADAPTERS.items() if o != e
+                                                            for n in theirs} for e, names in EDITION_ADAPTERS.items()}
+    done = {e: len(implemented & names) / max(1, len(names)) for e, names in own.items()}
+    if len(set(done.values())) > 1:
+        found.answers = max(done, key=done.get)
     if error := syntax_error(adapters, root):
         found.problem = error
         return found

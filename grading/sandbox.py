@@ -6,6 +6,7 @@
 * The environment that runs the grader may have this repository installed (``uv sync`` puts its
   root on ``sys.path`` through a .pth file); a submission that lacks a module must not find ours
   instead, so that entry is dropped here, before pytest, the fork server and every rank.
+* Everything the grader's tests import is imported before the first test (``preload``).
 * In new namespaces (``GRADING_NETNS``): ``lo`` exists but is down, and gloo's ranks talk over it;
   root of the namespaces may set its flags (SIOCSIFFLAGS), as ``ip link set lo up`` would.
 * ``rank_view``, called by the fork server (rank_server.py) before it gives up its capabilities:
@@ -40,6 +41,29 @@ KERNEL_KNOBS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/
 def not_dumpable() -> None:
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def preload() -> None:
+    """What the grader's tests use, imported before the first test. pytest-timeout interrupts a
+    test that overruns; if that test was importing (torch imports ``torch._dynamo`` lazily, on the
+    first optimizer step), the module stayed half-imported and every later test of the run failed
+    on it ("triton.language has no attribute core"), a student failure that was the grader's.
+    What the imports put in the environment (torch._dynamo sets ``TORCHINDUCTOR_CACHE_DIR`` to a
+    folder of this process's TMPDIR) is taken out again: the fork server inherits this process's
+    environment, and that folder is covered in the ranks' view."""
+    before = dict(os.environ)
+    import torch
+    import torch._dynamo  # noqa: F401
+    import torch.distributed  # noqa: F401
+    import torch.nn.functional  # noqa: F401
+    import torch.optim  # noqa: F401
+
+    weight = torch.nn.Parameter(torch.zeros(1))
+    weight.grad = torch.ones(1)
+    for optimizer in (torch.optim.AdamW([weight]), torch.optim.SGD([weight], lr=0.1, momentum=0.9)):
+        optimizer.step()  # what a first step imports, imported here
+    for key in set(os.environ) - set(before):
+        del os.environ[key]
 
 
 def loopback_up() -> None:
@@ -160,5 +184,6 @@ if __name__ == "__main__":
         hide(os.environ["GRADING_HIDE"])
     if os.environ.get("GRADING_NETNS"):
         loopback_up()
+    preload()
     sys.argv = ["pytest", *sys.argv[1:]]
     runpy.run_module("pytest", run_name="__main__", alter_sys=True)

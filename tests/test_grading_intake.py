@@ -19,6 +19,7 @@ import pytest
 
 from grading import harness, intake
 from grading.files import MAX_TEXT_BYTES, read_regular, unpack
+from grading.autograder import build
 from grading.submission import missing_packages, uninitialised_submodules
 from tests.test_grading import FIXTURE
 
@@ -64,7 +65,7 @@ def test_intake_of_a_hostile_tree_finishes_with_what_grading_needs(tmp_path):
     started = time.monotonic()
     found = intake.run(hostile_tree(tmp_path), tmp_path / "scratch" / "submission", None, 16.0, time.monotonic() + 60)
     assert time.monotonic() - started < 30
-    assert not found.problem and found.detected == "2026" and found.answers == "2026"
+    assert not found.problem and found.detected == "2026" and found.answers is None  # it answers both
     assert any("cs336-basics" in r for r in found.roots)
     assert any("not graded (left out of the copy)" in r and "pyproject.toml" in r for r in found.remarks)
 
@@ -108,3 +109,43 @@ def test_an_uninitialised_submodule_is_named_as_such(tmp_path):
     (root / ".gitmodules").unlink()
     (root / ".gitmodules").symlink_to("/dev/zero")
     assert uninitialised_submodules(root) == []
+
+
+ANSWERS_2025 = """
+def get_ddp_individual_parameters(module):
+    return module
+
+def get_ddp_bucketed(module, bucket_size_mb):
+    return module
+
+def get_sharded_optimizer(params, optimizer_cls, **kwargs):
+    return optimizer_cls(params, **kwargs)
+
+def get_ddp(module):
+    return module
+
+def get_fsdp(module, compute_dtype=None):
+    raise NotImplementedError
+"""
+
+
+def test_a_submission_answering_the_other_edition_is_graded_as_the_course_and_flagged(tmp_path):
+    tree = tmp_path / "bucketed"
+    (tree / "tests").mkdir(parents=True)
+    (tree / "tests" / "adapters.py").write_text(ANSWERS_2025)
+    found = intake.run(tree, tmp_path / "scratch" / "submission", "2026", 16.0, time.monotonic() + 60)
+    assert found.answers == "2025" and found.detected == "2025"
+    assert "answers the 2025 edition's adapters" in harness.edition_flag("2026", found.answers)
+    assert "course's 2026 rubric" in harness.edition_flag("2026", found.answers)
+    assert harness.edition_flag("2025", found.answers) is None and harness.edition_flag(None, "2025") is None
+
+
+def test_the_autograder_package_pins_the_courses_edition(tmp_path):
+    import zipfile
+
+    for course in ("2025", "2026"):
+        with zipfile.ZipFile(build(tmp_path / f"{course}.zip", course)) as z:
+            assert z.read("grading/EDITION").decode().strip() == course
+            assert '--edition "$(cat "$ROOT/source/grading/EDITION")"' in z.read("run_autograder").decode()
+    with pytest.raises(ValueError, match="course's edition"):
+        build(tmp_path / "both.zip", "both")

@@ -1,0 +1,154 @@
+"""A CPU share and a task limit for one submission's run: a cgroup of its own where the grader may make one.
+
+Submissions graded at once (``--jobs``) must not take each other's CPU. The kernel's scheduler
+shares CPU between sessions (autogroup) or between cgroups, not between submissions: a
+submission that forks busy loops, each ``setsid()`` into a session of its own, got a share per
+loop and starved a correct neighbour to 0/35 (issue 38). So the whole run (the grader's pytest,
+the fork server, every rank and whatever they start, in any session) is put into a cgroup of
+its own before it starts: the same CPU weight as every other submission's (cgroup v2
+``cpu.weight``, v1 ``cpu.shares``; inside a cgroup, autogroup does not apply) and at most
+``MAX_TASKS`` tasks (``pids.max``). At the end every process left in it is killed, whatever its
+session, uid or environment, and the cgroup removed.
+
+Where no cgroup can be made (a user without delegation, a read-only ``/sys/fs/cgroup``), the run
+gets the resource limits alone (RLIMIT_NPROC for the student uid, RLIMIT_CPU per process) and
+``describe`` says so: grade one submission at a time there (``--jobs 1``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CGROUP = Path("/sys/fs/cgroup")
+MAX_TASKS = 4096  # a run of world size 3: pytest, the fork server and three ranks of torch and gloo threads
+V1_SHARES, V2_WEIGHT = 1024, 100  # the defaults: every submission's run weighs the same
+
+
+@dataclass
+class Share:
+    folders: list[Path] = field(default_factory=list)  # the run's cgroup, one per hierarchy that has one
+    kind: str = ""  # "cgroup v2", "cgroup v1", or "" (none could be made)
+
+    def describe(self) -> str:
+        if not self.folders:
+            return "no CPU share of its own (no writable cgroup: grade one submission at a time)"
+        return f"a CPU share and at most {MAX_TASKS} tasks of its own ({self.kind})"
+
+    def enter(self) -> None:
+        """Move this process (a preexec_fn: the run's first process) into the run's cgroups."""
+        for folder in self.folders:
+            with open(folder / "cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for folder in self.folders:
+            try:
+                found |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
+            except (OSError, ValueError):
+                continue
+        return found
+
+    def kill_all(self, timeout_s: float = 30.0) -> bool:
+        """SIGKILL every process in the run's cgroups until none is left; whether none is."""
+        deadline = time.monotonic() + timeout_s
+        while pids := self.pids():
+            if time.monotonic() > deadline:
+                return False
+            for folder in self.folders:  # v2: one write kills the whole cgroup, however fast it forks
+                if (folder / "cgroup.kill").exists():
+                    try:
+                        (folder / "cgroup.kill").write_text("1")
+                    except OSError:
+                        pass
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.05)
+        return True
+
+    def remove(self) -> None:
+        for folder in self.folders:
+            for _ in range(50):  # a killed task leaves the cgroup once it is reaped
+                try:
+                    folder.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+def _own(controller: str | None) -> str | None:
+    """This process's cgroup path in the hierarchy of ``controller`` (None: the unified one)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        number, controllers, path = line.split(":", 2)
+        if (controller is None and number == "0") or (controller and controller in controllers.split(",")):
+            return path
+    return None
+
+
+def _v1_mount(controller: str) -> Path | None:
+    """Where the v1 hierarchy of ``controller`` is mounted, if its root is this namespace's."""
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        left, right = line.split(" - ", 1)
+        fields, kind = left.split(), right.split()
+        if kind[0] == "cgroup" and controller in kind[2].split(",") and fields[3] == "/":
+            return Path(fields[4])
+    return None
+
+
+def _make(folder: Path, settings: dict[str, str]) -> bool:
+    try:
+        folder.mkdir()
+    except OSError:
+        return False
+    try:
+        for name, value in settings.items():
+            (folder / name).write_text(value)
+        return True
+    except OSError:
+        folder.rmdir()
+        return False
+
+
+def make(token: str) -> Share:
+    """The run's cgroup beside this grader's own (where it may make one), else an empty Share."""
+    name = f"grading-{token[:16]}"
+    if (CGROUP / "cgroup.controllers").exists():  # v2
+        own = _own(None)
+        parent = CGROUP / (own or "/").lstrip("/")
+        try:
+            enabled = (parent / "cgroup.subtree_control").read_text().split()
+        except OSError:
+            enabled = []
+        if own is not None and {"cpu", "pids"} <= set(enabled) and \
+                _make(parent / name, {"cpu.weight": str(V2_WEIGHT), "pids.max": str(MAX_TASKS)}):
+            return Share([parent / name], "cgroup v2")
+        return Share()
+    made = []
+    for controller, settings in (("cpu", {"cpu.shares": str(V1_SHARES)}), ("pids", {"pids.max": str(MAX_TASKS)})):
+        mount, own = _v1_mount(controller), _own(controller)
+        if mount is None or own is None:
+            continue
+        folder = mount / own.lstrip("/") / name
+        if _make(folder, settings):
+            made.append(folder)
+    if len(made) < 2:
+        Share(made).remove()
+        return Share()
+    return Share(made, "cgroup v1")
