@@ -36,13 +36,14 @@ test: env ## run every correctness test in parallel, print the grade table and w
 
 # make grade SUBMISSION=<checkout or .zip> [OUT=dir] [REPEATS=3] [EDITION=2025|2026] [ONLY=problem]
 # make grade SUBMISSIONS=<folder of checkouts and zips> [OUT=dir] [JOBS=n] [EXECUTOR=inprocess|local|slurm]
-#            [PARTITION=p] [REGRADE=1] [ONLY=problem]
+#            [PARTITION=p] [REGRADE=1] [MAKE_PRIVATE=1] [ONLY=problem]
 GRADE_ARGS = $(if $(OUT),--out "$(OUT)") --repeats $(or $(REPEATS),3) $(if $(EDITION),--edition $(EDITION)) \
 	$(foreach p,$(ONLY),--only $(p))
 grade: env ## grade a student's checkout or zip (SUBMISSION=) or a folder of them (SUBMISSIONS=): results.json, grade.md
 ifneq ($(SUBMISSIONS),)
 	$(PY) -m grading --folder "$(SUBMISSIONS)" $(GRADE_ARGS) $(if $(JOBS),--jobs $(JOBS)) \
-		$(if $(EXECUTOR),--executor $(EXECUTOR)) $(if $(PARTITION),--partition $(PARTITION)) $(if $(filter 1,$(REGRADE)),--regrade)
+		$(if $(EXECUTOR),--executor $(EXECUTOR)) $(if $(PARTITION),--partition $(PARTITION)) $(if $(filter 1,$(REGRADE)),--regrade) \
+		$(if $(filter 1,$(MAKE_PRIVATE)),--make-private)
 else ifneq ($(SUBMISSION),)
 	$(PY) -m grading "$(SUBMISSION)" $(GRADE_ARGS)
 else

@@ -2,7 +2,7 @@
 
     python -m grading SUBMISSION [--out DIR] [--repeats N] [--edition 2025|2026] [--only PROBLEM]
     python -m grading --folder FOLDER [--out DIR] [--jobs N] [--executor inprocess|local|slurm]
-                      [--partition P] [--regrade]
+                      [--partition P] [--regrade] [--make-private]
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a folder: graded here, or one job each through submitit (local or slurm)")
     parser.add_argument("--partition", help="the SLURM partition (--executor slurm)")
     parser.add_argument("--regrade", action="store_true", help="a folder: grade again what was graded before")
+    parser.add_argument("--make-private", action="store_true",
+                        help="a folder (as root, no namespaces): make it 0700 instead of refusing one others can read")
     args = parser.parse_args(argv)
     if (args.submission is None) == (args.folder is None):
         parser.error("give one SUBMISSION or --folder FOLDER")
@@ -43,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--repeats, --jobs, --test-timeout and --time-limit must be positive")
     if args.executor == "slurm" and not args.partition:
         parser.error("--executor slurm needs --partition")
-    if args.submission is not None and (args.executor != "inprocess" or args.regrade):
-        parser.error("--executor and --regrade are for a --folder")
+    if args.submission is not None and (args.executor != "inprocess" or args.regrade or args.make_private):
+        parser.error("--executor, --regrade and --make-private are for a --folder")
     only = tuple(args.only) if args.only else None
     target = args.folder or args.submission
     if not target.exists():
@@ -63,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 def _grade(args: argparse.Namespace, limits: Limits, only: tuple[str, ...] | None) -> None:
     if args.folder:
         grade_folder(args.folder, args.out or Path("grades"), args.repeats, args.edition, limits, args.jobs, only,
-                     executor=args.executor, partition=args.partition, regrade=args.regrade)
+                     executor=args.executor, partition=args.partition, regrade=args.regrade,
+                     make_private=args.make_private)
     else:
         name = args.submission.resolve().name.removesuffix(".zip")
         grade(args.submission, args.out or Path("grades") / safe_name(name), args.repeats, args.edition, limits,

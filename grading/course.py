@@ -15,14 +15,17 @@ under ``OUT/.grading-key``, a key no submission sees), unless ``regrade``.
 Output folders are named after the submission, made safe (``output_names``): letters, digits,
 ``._-`` and nothing that starts with a dot; a name OUT's own files use (grades.csv, summary.md,
 summary.png, jobs) or another submission's (``alice/`` and ``alice.zip``) is renamed, with a line.
-As root, the folder of submissions and OUT are made private to root (0700), with a line: the
-student uid that runs a submission's code must not read the others.
+As root without namespaces, a folder of submissions that other users can read is refused with
+a one-line instruction (``chmod 700``, ``--make-private``, or a private copy): the student uid that
+runs a submission's code must not read the others, and a TA's folder is not changed unasked.
+OUT, when the grader makes it, is private (0700) from the start.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import multiprocessing as mp
 import os
 import re
@@ -36,6 +39,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from grading import report, selfcheck, student, summary
+from grading.containment import namespaces_available
 from grading.harness import Graded, Limits, grade
 
 EXECUTORS = ("inprocess", "local", "slurm")
@@ -102,11 +106,30 @@ def _sign(key: bytes, folder: Path) -> None:
         pass  # nothing recorded: graded again next time
 
 
-def _private(folder: Path, quiet: bool) -> None:
-    if student.can_switch() and folder.stat().st_mode & 0o077:
-        os.chmod(folder, 0o700)
-        if not quiet:
-            print(f"{folder}: made private to root (mode 0700): a submission's uid must not read it")
+def _open_to_others(path: Path) -> bool:
+    """Whether a user other than its owner may reach ``path`` (every folder on the way enterable)
+    and read or enter it."""
+    here = path.resolve()
+    if not here.stat().st_mode & 0o005:
+        return False
+    return all(parent.stat().st_mode & 0o001 for parent in here.parents)
+
+
+def check_private(folder: Path, make_private: bool, quiet: bool) -> None:
+    """As root without namespaces, a submission's uid could read every other submission in
+    ``folder`` if other users may: refuse, with what to do, unless ``make_private`` (then it is
+    made 0700, with a line). A TA's folder is never changed without being asked. With namespaces
+    the folder is covered in the ranks' view, and as a user the ranks read what that user reads."""
+    if not student.can_switch() or namespaces_available() or not _open_to_others(folder):
+        return
+    if not make_private:
+        raise selfcheck.SetupError(
+            f"{folder} can be read by other users, so a submission's uid could read the others (no namespaces "
+            f"here): run `chmod 700 {folder}`, pass --make-private to let the grader do it, or grade a private "
+            "copy (cp -r) of it")
+    os.chmod(folder, 0o700)
+    if not quiet:
+        print(f"{folder}: made private to root (mode 0700, --make-private): a submission's uid must not read it")
 
 
 def grade_one(submission: Path, out: Path, repeats: int, edition: str | None, limits: Limits,
@@ -123,9 +146,10 @@ def _already(folder: Path, key: bytes) -> Graded | None:
         if not hmac.compare_digest(signed, _signature(key, folder)):
             return None
         rows, tests, seconds = report.load_grade(folder)
+        remarks = tuple(json.loads((folder / report.GRADE_RECORD).read_text()).get("notes") or ())
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return Graded(folder.name, rows, tests, seconds)
+    return Graded(folder.name, rows, tests, seconds, remarks=remarks)
 
 
 def _died(submission: Path, error: BaseException, seconds: float) -> Graded:
@@ -139,16 +163,17 @@ def _died(submission: Path, error: BaseException, seconds: float) -> Graded:
 
 def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, limits: Limits, jobs: int,
                  only: tuple[str, ...] | None = None, select: str | None = None, executor: str = "inprocess",
-                 partition: str | None = None, regrade: bool = False, quiet: bool = False) -> list[Graded]:
+                 partition: str | None = None, regrade: bool = False, quiet: bool = False,
+                 make_private: bool = False) -> list[Graded]:
     """Grade every checkout and zip in ``folder`` into ``out``; writes grades.csv and the summary."""
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     start = time.monotonic()
+    check_private(folder, make_private, quiet)  # SetupError: nothing graded, nothing written
     if executor == "inprocess":  # a job on another node checks its own machine (harness.grade)
         selfcheck.ensure(limits)  # SetupError: nothing graded, nothing written
-    out.mkdir(parents=True, exist_ok=True)
-    for private in (folder, out):
-        _private(private, quiet)
+    if not out.exists():
+        out.mkdir(parents=True, mode=0o700)  # ours: private from the start
     key = _key(out)
     found = submissions(folder)
     names, lines = output_names(found)
@@ -167,7 +192,7 @@ def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, lim
         if not g.note:
             _sign(key, out / names[s])
     graded = [done.get(s) or fresh[s] for s in found]
-    report.write_csv(out / "grades.csv", [(g.name, g.rows, g.note) for g in graded])
+    report.write_csv(out / "grades.csv", [(g.name, g.rows, g.note or summary.short_remarks(g)) for g in graded])
     summary.write(out, graded, summary.Batch(repeats, time.monotonic() - start, {name_of(s): s for s in found},
                                              len(done)))
     if not quiet:

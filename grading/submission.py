@@ -158,8 +158,9 @@ def missing_packages(root: Path, adapters: Path | None, edition: str) -> list[st
         if not any((r / package).is_dir() or (r / f"{package}.py").is_file() for r in roots):
             empty = [m for m in uninitialised_submodules(root) if package in m.replace("-", "_")]
             if empty:
-                lines.append(f"git submodule not initialised: {', '.join(empty)} (upload with submodules, e.g. "
-                             f"git clone --recurse-submodules, or git submodule update --init); {package} is in it.")
+                lines.append(f"git submodule not initialised: {', '.join(empty)} (upload with submodules). "
+                             f"{package} is in it: git clone --recurse-submodules, or git submodule update --init "
+                             "in a checkout, fetches it.")
                 continue
             lines.append(f"Package {package} is not in the submission; looked in {', '.join(places.values())} "
                          "(pyproject.toml's [tool.uv.sources] paths and workspace members, cs336-basics/, the root).")

@@ -3,11 +3,14 @@
 ``OUT/summary.md``: the run (grader commit, ``REPEATS``, wall time); a roster (each submission's
 edition, total, a link to its ``grade.md`` and the one line that regrades it); per edition, how
 many submissions got full, partial and no points on each problem, with the median; every test
-that some submission failed, with how many and which; and per problem the most common reasons
-for lost points. Reasons are grouped by their one line with the numbers taken out
-(``rank 1, step 2: … by 0.031`` and ``rank 0, step 1: … by 0.02`` are one reason), each counted
-once per submission, shown with one example. ``OUT/summary.png``: per problem, how many
-submissions got each score that occurs.
+that some submission failed, with how many and which; and per problem the most common causes
+of lost points. A cause is the test (its function, whatever its parameters) and its finding:
+the failure's line without where it happened (``rank 1, step 2:``, the student's ``file:line:``)
+and without its numbers, so that ``rank 1, step 2: … by 0.031`` and ``rank 0, step 1: … by 0.02``
+are one cause; each is counted once per student and shown with one example. A submission's
+remarks (a git submodule not initialised, the other edition's adapters) appear in the roster
+and in grades.csv's note, shortened to their first clause. ``OUT/summary.png``: per problem, how
+many submissions got each score that occurs.
 """
 
 from __future__ import annotations
@@ -35,9 +38,31 @@ class Batch:
     skipped: int = 0  # graded by an earlier run (a rerun without REGRADE)
 
 
+WHERE = re.compile(r"^(rank \d+(, step \d+)?:\s*)|^([\w./-]+\.py:\d+:\s*)")  # where, not what
+
+
 def reason_key(output: str) -> str:
     """A failure's line without the requirement it checks and without its numbers."""
     return NUMBER.sub("N", output.split(" [checks:")[0]).strip()
+
+
+def finding(output: str) -> str:
+    """What a failure found, the same for every student who failed that way: its line without the
+    requirement, without where (rank, step, the submission's file:line) and without numbers."""
+    line = output.split(" [checks:")[0].strip()
+    while (match := WHERE.match(line)) and match.end() > 0:
+        line = line[match.end():].lstrip()
+    return NUMBER.sub("N", line).strip()
+
+
+def test_function(name: str) -> str:
+    """``file::test[params]`` as ``test``: one cause, whichever parameters failed it."""
+    return name.split("::")[-1].split("[")[0]
+
+
+def short_remarks(g: Graded) -> str:
+    """A submission's remarks for a table cell or grades.csv's note: each up to its first clause."""
+    return "; ".join(re.split(r"[.;] ", remark, maxsplit=1)[0].rstrip(".") for remark in g.remarks)
 
 
 def _total(g: Graded) -> tuple[float, int]:
@@ -87,17 +112,18 @@ def _run_line(batch: Batch | None, runs: dict[str, report.Run | None]) -> str:
 
 
 def _roster(out: Path, graded: list[Graded], runs: dict[str, report.Run | None], batch: Batch | None) -> list[str]:
-    lines = ["## Roster", "", "| submission | edition | total | grade | regrade |", "|---|---|---:|---|---|"]
+    lines = ["## Roster", "", "| submission | edition | total | grade | regrade | note |", "|---|---|---:|---|---|---|"]
     for g in graded:
         run = runs[g.name]
         if g.note:
-            lines.append(f"| {_cell(g.name)} |  |  | {_cell(g.note)} |  |")
+            lines.append(f"| {_cell(g.name)} |  |  | {_cell(g.note)} |  |  |")
             continue
         earned, possible = _total(g)
         source = (batch.sources.get(g.name) if batch else None) or Path("<folder>") / g.name
         command = run.regrade_command(str(source), str(out / g.name)) if run else ""
         lines.append(f"| {_cell(g.name)} | {run.edition if run else ''} | {earned:.1f} / {possible} | "
-                     f"[grade.md]({g.name}/grade.md) | {f'`{command}`' if command else ''} |")
+                     f"[grade.md]({g.name}/grade.md) | {f'`{command}`' if command else ''} | "
+                     f"{_cell(short_remarks(g))} |")
     return lines
 
 
@@ -133,19 +159,22 @@ def _failed_tests(graded: list[Graded]) -> list[str]:
 
 
 def _reasons(graded: list[Graded], problem: str) -> list[str]:
-    reasons: Counter[str] = Counter()
-    example: dict[str, str] = {}
+    """The problem's most common causes of lost points (test and finding), by students."""
+    students: dict[tuple[str, str], set[str]] = defaultdict(set)
+    example: dict[tuple[str, str], str] = {}
     for g in graded:
-        keys = {reason_key(t.output): t.output for t in g.tests if t.problem == problem and not t.passed
-                and not t.beyond}
-        reasons.update(keys.keys())
-        for key, output in keys.items():
-            example.setdefault(key, f"{g.name}: {output.split(' [checks:')[0]}")
-    if not reasons:
+        for t in g.tests:
+            if t.problem != problem or t.passed or t.beyond:
+                continue
+            cause = (test_function(t.name), finding(t.output))
+            students[cause].add(g.name)
+            example.setdefault(cause, f"{g.name}: {t.output.split(' [checks:')[0]}")
+    if not students:
         return []
-    lines = ["", f"## {problem}: most common reasons for lost points", "",
-             "| submissions | reason (one example) |", "|---:|---|"]
-    return lines + [f"| {n} | {_cell(example[key])} |" for key, n in reasons.most_common(MOST_COMMON)]
+    ranked = sorted(students, key=lambda c: (-len(students[c]), c))[:MOST_COMMON]
+    lines = ["", f"## {problem}: most common causes of lost points", "",
+             "| students | test | finding (one example) |", "|---:|---|---|"]
+    return lines + [f"| {len(students[c])} | `{_cell(c[0])}` | {_cell(example[c])} |" for c in ranked]
 
 
 def _cell(text: str) -> str:

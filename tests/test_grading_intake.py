@@ -149,3 +149,37 @@ def test_the_autograder_package_pins_the_courses_edition(tmp_path):
             assert '--edition "$(cat "$ROOT/source/grading/EDITION")"' in z.read("run_autograder").decode()
     with pytest.raises(ValueError, match="course's edition"):
         build(tmp_path / "both.zip", "both")
+
+
+def test_the_submodule_line_is_short_where_staff_read_it(tmp_path):
+    from grading.harness import Graded
+    from grading.summary import short_remarks
+
+    root = tmp_path / "checkout"
+    (root / "tests").mkdir(parents=True)
+    (root / "tests" / "adapters.py").write_text("import cs336_basics\n")
+    (root / ".gitmodules").write_text('[submodule "cs336-basics"]\n\tpath = cs336-basics\n')
+    lines = missing_packages(root, root / "tests" / "adapters.py", "2026")
+    assert short_remarks(Graded("x", [], [], 0.0, remarks=tuple(lines))) == (
+        "git submodule not initialised: cs336-basics (upload with submodules)")
+
+
+def test_a_folder_others_can_read_is_refused_without_namespaces_unless_asked(tmp_path, monkeypatch):
+    from grading import course, student
+    from grading.selfcheck import SetupError
+
+    if not student.can_switch():
+        pytest.skip("the refusal is for a grader running as root")
+    monkeypatch.setattr(course, "namespaces_available", lambda: False)
+    monkeypatch.setattr(course, "_open_to_others", lambda path: True)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir(mode=0o755)
+    with pytest.raises(SetupError, match=r"chmod 700 .*--make-private"):
+        course.check_private(inbox, make_private=False, quiet=True)
+    assert inbox.stat().st_mode & 0o777 == 0o755  # not changed unasked
+    course.check_private(inbox, make_private=True, quiet=True)
+    assert inbox.stat().st_mode & 0o777 == 0o700
+    monkeypatch.undo()
+    shut = tmp_path / "shut"
+    shut.mkdir(mode=0o700)
+    assert not course._open_to_others(shut)
