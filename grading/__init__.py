@@ -5,6 +5,8 @@ It never imports this repository's ``cs336_systems``: a submission brings its ow
 * problems.toml  the handout's problems, points and editions (also read by cs336_systems/problems.py),
                  and the rubric: each graded test's share, and the caps
 * problems.py    those, which problems the suite grades per edition, and the rubric
+* files.py       copying a submission and reading its files as root: no link followed, regular files, bounded
+* intake.py      unpack, adapters, edition and packages, found in a limited subprocess
 * submission.py  finding a submission's adapters, packages and edition; loading an adapter in a rank
 * ranks.py       one test's ranks: forked, confined, the submission last on their path, a deadline
 * wire.py        what ranks send back: JSON and raw tensor bytes, never a pickle
@@ -19,8 +21,10 @@ It never imports this repository's ``cs336_systems``: a submission brings its ow
 * rank_server.py the fork server's first act: as privileged as a rank, no more
 * student.py     as root: a uid of its own per submission; every process of it killed, its files removed
 * containment.py the three ways a run is contained (root, namespaces, neither) and its end
+* share.py       a CPU share and a task limit per run (a cgroup of its own, where one can be made)
+* outcomes.py    the outcome pipe read as the run goes: early stop, an interrupted grader
 * harness.py     grading a checkout or zip: scratch copy, containment, limits, results once all is gone
-* course.py      a folder of submissions, here or one job each through submitit; reruns; output names
+* course.py      a folder of submissions, a process each here or a job each through submitit; reruns; names
 * summary.py     a folder's summary.md and summary.png
 * autograder.py  ``make autograder``: the Gradescope package
 * __main__.py    ``python -m grading`` (``make grade``)

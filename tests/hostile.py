@@ -16,12 +16,17 @@ grade's reason shows it.
   over a 30-deep tree, absolute paths and paths outside the submission;
 * ``host``: creates and deletes files in /dev, opens a sysctl and the memory cgroup's limit for
   writing, and starts as many processes as it can (up to 700);
+* ``links``: a correct solution whose ``pyproject.toml`` links to ``/dev/zero`` (it OOM-killed the
+  harness at 93fe110), a ``.gitmodules`` to ``/proc/self/fd/0`` (it blocked the harness), files
+  linked to ``/proc/self/fd/3`` … ``/proc/self/fd/9`` (a neighbour's outcome pipe at JOBS>1) and
+  a FIFO: the harness must read none of them and grade the code;
 * ``all``: the daemon, the fork-server escape and the host attacks in one submission.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from tests.test_grading import make_submission
@@ -188,6 +193,12 @@ def build(folder: Path, name: str, stub: bool = False) -> Path:
     scratch.mkdir(parents=True)
     tree = make_submission(scratch, stub=stub).rename(folder / name)
     scratch.rmdir()
+    if kind == "links":
+        (tree / "pyproject.toml").symlink_to("/dev/zero")
+        (tree / ".gitmodules").symlink_to("/proc/self/fd/0")
+        for fd in range(3, 10):
+            (tree / f"outcomes-{fd}.toml").symlink_to(f"/proc/self/fd/{fd}")
+        os.mkfifo(tree / "fifo.py")
     return tree
 
 
@@ -202,6 +213,7 @@ def hostile(folder: Path, kind: str, name: str, **paths) -> Path:
         "daemon": lambda: DAEMON.format(paths=[str(p) for p in paths["outputs"]], marker=paths["marker"]),
         "host": lambda: HOST.format(marker=paths["marker"], dev_canary=str(paths["dev_canary"])),
         "discovery": lambda: "",
+        "links": lambda: "",
     }
     attack["all"] = lambda: attack["daemon"]() + attack["forkserver"]() + attack["host"]()
     attack = attack[kind]()
@@ -213,4 +225,10 @@ def hostile(folder: Path, kind: str, name: str, **paths) -> Path:
         (tree / "pyproject.toml").write_text("[project]\nname = \"x\"\n[tool.uv.workspace]\nmembers = "
                                              + json.dumps(members) + "\n[tool.uv.sources]\n"
                                              "basics = { path = \"/usr/lib\" }\n")
+    if kind == "links":
+        (tree / "pyproject.toml").symlink_to("/dev/zero")
+        (tree / ".gitmodules").symlink_to("/proc/self/fd/0")
+        for fd in range(3, 10):
+            (tree / f"outcomes-{fd}.toml").symlink_to(f"/proc/self/fd/{fd}")
+        os.mkfifo(tree / "fifo.py")
     return tree

@@ -36,10 +36,10 @@ pytestmark = pytest.mark.problem("beyond")
 
 LIMITS = Limits(test_timeout_s=60, submission_timeout_s=240)
 SELECT = "test_sgd_with_momentum"
-KINDS = ("forkserver", "others", "daemon", "discovery", "host", "all")
+KINDS = ("forkserver", "others", "daemon", "discovery", "host", "links", "all")
 MODES = ("namespaces", "fallback")
 REASON = {"forkserver": "NotImplementedError", "others": "others: wrote nothing", "daemon": "NotImplementedError",
-          "host": "host: managed nothing", "discovery": "", "all": "host: managed nothing"}
+          "host": "host: managed nothing", "discovery": "", "links": "", "all": "host: managed nothing"}
 DEFAULT = {("all", "fallback", "alone")}
 CASES = [(k, m, w) for k in KINDS for m in MODES for w in ("alone", "folder")
          if os.environ.get("FORGERIES") == "all" or (k, m, w) in DEFAULT]
@@ -77,7 +77,7 @@ def run_grading(mode: str, inbox: Path, out: Path, alone: bool) -> dict[str, dic
 
 def snapshot(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.is_symlink()}
 
 
 def left_by_students() -> list[str]:
@@ -124,7 +124,7 @@ def test_a_hostile_submission_gets_what_its_code_deserves(tmp_path, kind, mode, 
         if kind in ("daemon", "all"):
             time.sleep(3)  # the daemon, had it survived, rewrote the results after 2 s
         forged = graded[FORGERY]
-        assert forged["points"] == {ZERO: 15.0 if kind == "discovery" else 0.0}, forged["outputs"]
+        assert forged["points"] == {ZERO: 15.0 if kind in ("discovery", "links") else 0.0}, forged["outputs"]
         assert all(r == 1 for r in forged["runs"]), "a forged outcome reached the harness"
         assert all(REASON[kind] in line for line in forged["outputs"] if not line.startswith("passed")), forged
         for victim in victims:
@@ -136,6 +136,8 @@ def test_a_hostile_submission_gets_what_its_code_deserves(tmp_path, kind, mode, 
             lines = (out / FORGERY / "grade.md").read_text()
             assert "'/' is absolute or outside the submission: not used" in lines
             assert "'../..' is absolute or outside the submission: not used" in lines
+        if kind == "links":
+            assert "Links and special files are not graded (left out of the copy)" in (out / FORGERY / "grade.md").read_text()
         if where == "folder":  # a rerun trusts only the grades this OUT signed
             again = run_grading(mode, inbox, out, alone=False)
             assert {n: g["points"] for n, g in again.items()} == {n: g["points"] for n, g in graded.items()}
