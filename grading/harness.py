@@ -1,8 +1,10 @@
 """Grading one submission (a checkout or a zip), contained; ``grade`` writes its results.
 
 What a submission gets, and what it does not:
-* a scratch copy of its tree (a zip is unpacked with every path checked; at most 50,000 files),
-  never this repository's packages; its code runs only in rank processes (ranks.py), which
+* a scratch copy of its tree, made in a limited subprocess (intake.py) that also finds its
+  adapters, edition and packages: folders and regular files only, no link kept or followed, every
+  path checked, at most 50,000 files (files.py); never this repository's packages. The scratch
+  folder of a grading that was killed is removed by the next one; its code runs only in rank processes (ranks.py), which
   import it after the standard library and site-packages and hold no capability;
 * the grade is decided elsewhere: pytest runs the grader's copy of the suite with only the grader
   on its path, trains the reference and compares (checks.py), and sends each outcome to this
@@ -15,8 +17,10 @@ What a submission gets, and what it does not:
 * as root, a uid of its own for the fork server and the ranks; with namespaces, private network,
   mount and PID namespaces and the ranks' own view of the file systems (containment.py says what
   each way of running gives);
-* a deadline per test (ranks.py) and one for the whole submission; the results are written only
-  once every process of the run is gone.
+* a deadline per test (ranks.py) and one for the whole submission; a run whose every test fails
+  the same way, slowly, stops early (outcomes.py); the results are written only once every
+  process of the run is gone, and not at all if the grader's pytest was interrupted;
+* a cgroup of its own where one can be made (share.py): a CPU share and a task limit.
 Gradescope runs one container per submission; its ``run_autograder`` (autograder.py) calls
 ``python -m grading`` on the one submission.
 """

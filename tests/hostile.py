@@ -193,12 +193,6 @@ def build(folder: Path, name: str, stub: bool = False) -> Path:
     scratch.mkdir(parents=True)
     tree = make_submission(scratch, stub=stub).rename(folder / name)
     scratch.rmdir()
-    if kind == "links":
-        (tree / "pyproject.toml").symlink_to("/dev/zero")
-        (tree / ".gitmodules").symlink_to("/proc/self/fd/0")
-        for fd in range(3, 10):
-            (tree / f"outcomes-{fd}.toml").symlink_to(f"/proc/self/fd/{fd}")
-        os.mkfifo(tree / "fifo.py")
     return tree
 
 
