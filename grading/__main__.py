@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.submission is not None and not (target.is_dir() or target.suffix == ".zip"):
         parser.error(f"{target} is neither a folder nor a .zip")
     limits = Limits(args.test_timeout, args.time_limit, args.memory_gb)
+    # SIGTERM (a job's time limit, a TA's kill) unwinds as SystemExit: the run is stopped and its
+    # scratch copy and cgroup removed, as after an error (SIGKILL leaves them to the next grading)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         _grade(args, limits, only)
     except (SetupError, GraderFailure) as e:  # nothing was written: say why in one line

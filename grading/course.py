@@ -30,6 +30,8 @@ import multiprocessing as mp
 import os
 import re
 import shutil
+import signal
+import sys
 import time
 from collections import Counter
 from multiprocessing import connection as mp_connection
@@ -209,7 +211,9 @@ def grade_folder(folder: Path, out: Path, repeats: int, edition: str | None, lim
 
 
 def _graded_in_child(submission: Path, folder: Path, args: tuple, conn) -> None:
-    """A child process's whole life: grade one submission, send the Graded (or the error) back."""
+    """A child process's whole life: grade one submission, send the Graded (or the error) back.
+    SIGTERM (the parent stopping) unwinds as SystemExit: its run stopped, its scratch removed."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     start = time.monotonic()
     try:
         result = grade_one(submission, folder, *args, self_check=False)  # the parent checked this machine
@@ -227,29 +231,35 @@ def _in_process(todo: list[Path], out: Path, names: dict[Path, str], args: tuple
     context = mp.get_context("spawn")
     results: dict[Path, Graded] = {}
     waiting, running = list(todo), {}
-    while waiting or running:
-        while waiting and len(running) < max(1, jobs):
-            submission = waiting.pop(0)
-            receive, send = context.Pipe(duplex=False)
-            child = context.Process(target=_graded_in_child, args=(submission, out / names[submission], args, send),
-                                    name=f"grade {names[submission]}")
-            child.start()
-            send.close()
-            running[submission] = (child, receive, time.monotonic())
-        ready = mp_connection.wait([r for _, r, _ in running.values()] + [c.sentinel for c, _, _ in running.values()])
-        for submission, (child, receive, started) in list(running.items()):
-            if receive not in ready and child.sentinel not in ready:
-                continue
-            try:
-                results[submission] = receive.recv()
-            except (EOFError, OSError):
+    try:
+        while waiting or running:
+            while waiting and len(running) < max(1, jobs):
+                submission = waiting.pop(0)
+                receive, send = context.Pipe(duplex=False)
+                child = context.Process(target=_graded_in_child, name=f"grade {names[submission]}",
+                                        args=(submission, out / names[submission], args, send))
+                child.start()
+                send.close()
+                running[submission] = (child, receive, time.monotonic())
+            ready = mp_connection.wait([r for _, r, _ in running.values()] + [c.sentinel for c, _, _ in running.values()])
+            for submission, (child, receive, started) in list(running.items()):
+                if receive not in ready and child.sentinel not in ready:
+                    continue
+                try:
+                    results[submission] = receive.recv()
+                except (EOFError, OSError):
+                    child.join()
+                    results[submission] = _died(submission, RuntimeError(
+                        f"the grading process died (exit status {child.exitcode})"), time.monotonic() - started)
                 child.join()
-                results[submission] = _died(submission, RuntimeError(
-                    f"the grading process died (exit status {child.exitcode})"), time.monotonic() - started)
+                receive.close()
+                del running[submission]
+                bar.update()
+    finally:  # this process stopped (SIGTERM, Ctrl-C): so are the gradings it started
+        for child, _, _ in running.values():
+            child.terminate()
+        for child, _, _ in running.values():
             child.join()
-            receive.close()
-            del running[submission]
-            bar.update()
     return results
 
 

@@ -112,7 +112,20 @@ def _v1_mount(controller: str) -> Path | None:
     return None
 
 
+def _remove_stale(parent: Path) -> None:
+    """The runs' cgroups that a killed grader left (named ``grading-<its pid>-…``, that pid gone):
+    rmdir removes only an empty one, and no live grader's is touched."""
+    for stale in parent.glob("grading-*"):
+        parts = stale.name.split("-")
+        if len(parts) == 3 and parts[1].isdigit() and not os.path.exists(f"/proc/{parts[1]}"):
+            try:
+                stale.rmdir()
+            except OSError:
+                pass
+
+
 def _make(folder: Path, settings: dict[str, str]) -> bool:
+    _remove_stale(folder.parent)
     try:
         folder.mkdir()
     except OSError:
@@ -128,7 +141,7 @@ def _make(folder: Path, settings: dict[str, str]) -> bool:
 
 def make(token: str) -> Share:
     """The run's cgroup beside this grader's own (where it may make one), else an empty Share."""
-    name = f"grading-{token[:16]}"
+    name = f"grading-{os.getpid()}-{token[:12]}"
     if (CGROUP / "cgroup.controllers").exists():  # v2
         own = _own(None)
         parent = CGROUP / (own or "/").lstrip("/")

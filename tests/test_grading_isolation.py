@@ -148,3 +148,16 @@ def test_clean_up_scans_every_shared_folder_whatever_the_uid_left_in_one(tmp_pat
     removed = student.remove_files(uid)
     assert len(removed) == len(theirs) and not [p for p in theirs if os.path.lexists(p)]
     assert (lock / "other0").exists()
+
+
+def test_a_killed_graders_empty_cgroup_is_removed_and_a_live_ones_kept(run_share):
+    parent = run_share.folders[0].parent
+    dead = parent / "grading-999999999-deadbeef"  # no such pid
+    dead.mkdir()
+    made = share.make(uuid.uuid4().hex)
+    try:
+        assert not dead.exists() and all(f.exists() for f in run_share.folders)
+    finally:
+        if dead.exists():
+            dead.rmdir()
+        made.remove()
