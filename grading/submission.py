@@ -12,6 +12,7 @@ import fnmatch
 import importlib.util
 import os
 import sys
+import types
 import tomllib
 from pathlib import Path
 
@@ -248,12 +249,16 @@ def load_adapter(name: str):
     if module is None:
         if path.parent.name == "tests":
             package = path.parent / "__init__.py"
-            spec = importlib.util.spec_from_file_location(
-                "tests", package if package.is_file() else None, submodule_search_locations=[str(path.parent)])
-            tests = importlib.util.module_from_spec(spec)
-            sys.modules["tests"] = tests
             if package.is_file():
+                spec = importlib.util.spec_from_file_location("tests", package,
+                                                              submodule_search_locations=[str(path.parent)])
+                tests = importlib.util.module_from_spec(spec)
+                sys.modules["tests"] = tests
                 spec.loader.exec_module(tests)
+            else:  # no __init__.py: a namespace package, as Python would import that folder
+                tests = types.ModuleType("tests")
+                tests.__path__ = [str(path.parent)]
+                sys.modules["tests"] = tests
             module_name = "tests.adapters"
         else:
             module_name = "adapters"

@@ -79,3 +79,13 @@ def test_a_checkout_whose_venv_links_elsewhere_grades_fully(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     tests = json.loads(done.stdout.strip().splitlines()[-1])
     assert tests and all(passed for _, passed, _ in tests), tests
+
+
+def test_adapters_in_a_tests_folder_without_init_load(tmp_path):
+    """A submission whose ``tests/`` has no ``__init__.py`` (Python imports it as a namespace
+    package) gets its adapters loaded, not a grader error."""
+    tree = tmp_path / "no-init"
+    shutil.copytree(FIXTURE, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "tests" / "__init__.py").unlink()
+    graded = grade(tree, tmp_path / "out", 1, "2025", quiet=True, only=(QUICK[0],), select=QUICK[1])
+    assert graded.tests and all(t.passed for t in graded.tests), [(t.name, t.reason) for t in graded.tests]
