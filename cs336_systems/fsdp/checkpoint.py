@@ -126,33 +126,39 @@ def to_flat_shard(weight: ShardedWeight, value: Any, key: str) -> torch.Tensor:
 
 # -- the model: state_dict() yields DTensors, load_state_dict() takes DTensors or whole weights --
 
-def _save_rows(weight: ShardedWeight, module: nn.Module, state_dict: dict, prefix: str, metadata) -> None:
-    key = f"{prefix}weight"
+def _save_rows(weight: ShardedWeight, name: str, module: nn.Module, state_dict: dict, prefix: str,
+               metadata) -> None:
+    key = f"{prefix}{name}"
     if key in state_dict:
         state_dict[key] = to_dtensor(weight, state_dict[key])
 
 
-def _load_rows(weight: ShardedWeight, module: nn.Module, state_dict: dict, prefix: str, *rest) -> None:
-    key = f"{prefix}weight"
+def _load_rows(weight: ShardedWeight, name: str, module: nn.Module, state_dict: dict, prefix: str,
+               *rest) -> None:
+    key = f"{prefix}{name}"
     if key in state_dict:
         state_dict[key] = to_flat_shard(weight, state_dict[key], key)
 
 
 def install_state_dict_hooks(module: nn.Module, sharded_weights: list[ShardedWeight],
                              options: FsdpOptions) -> None:
-    """Hook every layer holding one of ``sharded_weights`` (tied ones on each of their layers),
-    and make optimizers over them hook themselves on their first step."""
+    """Hook every parameter slot holding one of ``sharded_weights`` (tied ones in each of their
+    modules; a slot once, however many wrappers or ``fully_shard`` calls see it), and make
+    optimizers over them hook themselves on their first step."""
     global _step_hook
     by_shard = {id(w.shard): w for w in sharded_weights}
     if options.is_hybrid:
         _hybrid.update(dict.fromkeys(sharded_weights, options))
     for layer in module.modules():
-        weight = by_shard.get(id(layer._parameters.get("weight")))
-        if weight is None:
-            continue
-        # partial, not a bound method: register_state_dict_post_hook marks its hook object.
-        layer.register_state_dict_post_hook(functools.partial(_save_rows, weight))
-        layer.register_load_state_dict_pre_hook(functools.partial(_load_rows, weight))
+        hooked = layer.__dict__.setdefault("_fsdp_hooked_slots", set())
+        for name, param in layer._parameters.items():
+            weight = by_shard.get(id(param))
+            if weight is None or name in hooked:
+                continue
+            hooked.add(name)
+            # partial, not a bound method: register_state_dict_post_hook marks its hook object.
+            layer.register_state_dict_post_hook(functools.partial(_save_rows, weight, name))
+            layer.register_load_state_dict_pre_hook(functools.partial(_load_rows, weight, name))
     _owners.update(by_shard)
     if _step_hook is None:
         _step_hook = register_optimizer_step_pre_hook(_on_optimizer_step)
