@@ -3,7 +3,7 @@ own modules (``nn.TransformerEncoder``, whose ``nn.MultiheadAttention`` reads ``
 and ``out_proj.weight`` without calling a Linear), nested per block then the root.
 
 Every case builds the same model on every rank (seeded), shards it three ways (ours in place,
-ours behind the wrapper with ``shard="all"``, torch's ``fully_shard``), trains each three AdamW
+ours behind the wrapper with ``shard="all"``, torch's ``fully_shard``), trains each two AdamW
 steps on fresh data, each rank on its rows of the global batch, and reports the full weights
 (gathered), the bytes each rank holds at rest (parameter shards and their gradients), and which
 of our weights were still gathered after a forward.
@@ -19,7 +19,7 @@ from torch import nn
 from cs336_systems.launch import RankContext
 
 D, HEADS, FF, LAYERS, VOCAB = 16, 2, 24, 2, 23
-BATCH, SEQ, STEPS, LR = 6, 5, 3, 1e-2
+BATCH, SEQ, STEPS, LR = 6, 5, 2, 1e-2
 # AdamW normalises each step: a parameter whose true gradient is zero (the key part of
 # in_proj_bias: softmax ignores a shift of every key) moves by lr on rounding noise alone,
 # whatever its sign. An eps above that noise (about 1e-9 here) keeps such steps at noise size.
@@ -184,6 +184,149 @@ def train_single(case: ModuleCase, world_size: int) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+def _mlp(seed: int, norm: type[nn.Module] | None = None) -> nn.Sequential:
+    torch.manual_seed(seed)
+    layers = [nn.Linear(8, 16), nn.LayerNorm(16), nn.ReLU(), nn.Linear(16, 16)]
+    if norm is not None:
+        layers.append(norm(16))
+    return nn.Sequential(*layers, nn.ReLU(), nn.Linear(16, 4))
+
+
+def _train_mlp(ctx: RankContext, model: nn.Module, steps: int = 2) -> None:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(7 + step)
+        x, y = torch.randn(BATCH, 8, generator=g), torch.randint(0, 4, (BATCH,), generator=g)
+        rows = slice(ctx.rank * BATCH // ctx.world_size, (ctx.rank + 1) * BATCH // ctx.world_size)
+        nn.functional.cross_entropy(model(x[rows]).float(), y[rows]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def state_dict_conventions(ctx: RankContext) -> dict:
+    """Item 5: the wrapper's and fully_shard's state dicts under the model's own keys."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from cs336_systems.fsdp import FullyShardedDataParallel, fully_shard
+
+    full = StateDictOptions(full_state_dict=True)
+    out = {"keys": list(Encoder().state_dict())}
+    for shard in ("weights", "all"):
+        model = _mlp(0) if shard == "weights" else build(CASES[0])
+        fsdp = FullyShardedDataParallel(model, shard=shard)
+        _train_mlp(ctx, fsdp) if shard == "weights" else None
+        plain = _mlp(1) if shard == "weights" else Encoder()
+        plain.load_state_dict(fsdp.state_dict())  # strict: every key, no prefix
+        gathered = fsdp.gather_full_params()
+        out[shard] = {
+            "loaded_equals_gathered": all(torch.equal(p, gathered[n]) for n, p in plain.named_parameters()),
+            "dsd_keys": sorted(get_model_state_dict(fsdp, options=full)),
+            "plain_keys": sorted(plain.state_dict()),
+            "named_parameters": sorted(n for n, _ in fsdp.named_parameters()),
+        }
+        other = _mlp(2) if shard == "weights" else Encoder()
+        fsdp.load_state_dict(other.state_dict())  # whole tensors in: each rank keeps its slice
+        gathered = fsdp.gather_full_params()
+        out[shard]["load_round_trip"] = all(torch.equal(p, gathered[n]) for n, p in other.named_parameters())
+    inplace = build(CASES[0])
+    for block in inplace.blocks():
+        fully_shard(block)
+    fully_shard(inplace)
+    out["fully_shard_dsd_keys"] = sorted(get_model_state_dict(inplace, options=full))
+    return out
+
+
+def one_model_without_sync(ctx: RankContext) -> dict:
+    """Item 4: sync_module_states=False from a different init on every rank still makes one
+    model (replicated parameters taken from rank 0), before and after training."""
+    from cs336_systems.fsdp import FullyShardedDataParallel
+
+    own = _mlp(ctx.rank)
+    replicated = {n: p.detach().clone() for n, p in own.named_parameters() if n.endswith("bias") or n.startswith("1.")}
+    fsdp = FullyShardedDataParallel(own, sync_module_states=False)
+    wrapped = fsdp.gather_full_params()
+    _train_mlp(ctx, fsdp)
+    return {"wrapped": wrapped, "trained": fsdp.gather_full_params(), "own_replicated": replicated}
+
+
+def mixed_precision_inputs(ctx: RankContext) -> dict:
+    """Item 2: float inputs cast to the compute dtype, or left as given when asked."""
+    from cs336_systems.fsdp import FullyShardedDataParallel
+
+    x = torch.randn(2, 8)
+    seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    out = {"dtype": FullyShardedDataParallel(seq, torch.bfloat16)(x).dtype}
+    off = FullyShardedDataParallel(nn.Sequential(nn.Linear(8, 4)), torch.bfloat16, cast_forward_inputs=False)
+    try:
+        off(x)
+    except RuntimeError as e:
+        out["uncast"] = str(e)
+    return out
+
+
+def exact_on_norms(ctx: RankContext) -> dict:
+    """Item 3: exact-gradient mode on affine LayerNorm and BatchNorm, beside the default mode."""
+    from cs336_systems.fsdp import FullyShardedDataParallel
+
+    result = {}
+    for exact in (False, True):
+        fsdp = FullyShardedDataParallel(_mlp(0, nn.BatchNorm1d), exact_gradients=exact)
+        _train_mlp(ctx, fsdp)
+        result[exact] = fsdp.gather_full_params()
+    return result
+
+
+def refusals(ctx: RankContext) -> dict:
+    from cs336_systems.fsdp import FullyShardedDataParallel
+
+    errors = {}
+    try:
+        FullyShardedDataParallel(Encoder())
+    except ValueError as e:
+        errors["attention"] = str(e)
+    return errors
+
+
+def compiled(ctx: RankContext) -> dict:
+    """Item 6: torch.compile of a fully_shard'ed model (dynamo compiles the blocks' computation;
+    our hooks run eagerly, marked torch.compiler.disable), beside the same model in eager."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from cs336_systems.fsdp import fully_shard
+
+    torch._dynamo.reset()
+    counters.clear()
+    weights = {}
+    for compile_it in (False, True):
+        model = build(CASES[0])
+        for block in model.blocks():
+            fully_shard(block)
+        fully_shard(model)
+        runner = torch.compile(model, backend="aot_eager") if compile_it else model
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR, eps=EPS)
+        rows = slice(ctx.rank * BATCH // ctx.world_size, (ctx.rank + 1) * BATCH // ctx.world_size)
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            for step in range(STEPS):
+                x, y = batch(CASES[0], step)
+                loss_of(runner(x[rows]), y[rows]).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        weights[compile_it] = model.gather_full_params()
+    return {"weights": weights, "graphs": counters["stats"]["unique_graphs"]}
+
+
+def sides(case: ModuleCase) -> tuple[str, ...]:
+    """Ours in place and torch's for every case; the wrapper (the same units, built for the
+    user) on the first only, to keep the job short."""
+    return ("ours", "wrapper", "torch") if case is CASES[0] else ("ours", "torch")
+
+
 def run_module_cases(ctx: RankContext) -> dict:
-    return {case.name: {side: run_side(ctx, case, side) for side in ("ours", "wrapper", "torch")}
-            for case in CASES}
+    results: dict = {case.name: {side: run_side(ctx, case, side) for side in sides(case)} for case in CASES}
+    for probe in (state_dict_conventions, one_model_without_sync, mixed_precision_inputs, exact_on_norms,
+                  refusals):
+        results[probe.__name__] = probe(ctx)
+    if ctx.world_size == 2:  # dynamo's tracing is the slow part: once is enough
+        results["compiled"] = compiled(ctx)
+    return results

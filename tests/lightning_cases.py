@@ -40,6 +40,7 @@ class FitCase:
     torch_ddp: dict[str, Any] = field(default_factory=dict)  # DDPStrategy's (torch DDP's) options
     fail_rank: int | None = None  # this rank raises in its training_step of batch 2
     whole_batch: bool = False  # also fit one process (in each rank alone) on the global batch of 8
+    unused: bool = False  # the module holds a Linear its loss never uses
 
 
 def quiet_lightning() -> None:
@@ -67,6 +68,8 @@ def build_module(case: FitCase, lr: float = 0.1) -> Any:
             torch.manual_seed(0)
             norm: nn.Module = nn.BatchNorm1d(HIDDEN) if case.batchnorm else nn.Identity()
             self.net = nn.Sequential(nn.Linear(FEATURES, HIDDEN), norm, nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+            if case.unused:
+                self.spare = nn.Linear(HIDDEN, HIDDEN)
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
@@ -184,5 +187,16 @@ def fit_cases_then_fail(ctx: Any, cases: list[FitCase], folder: str, failing: Fi
     """:func:`fit_cases`, its results saved to ``folder/rank<r>.pt``, then ``failing`` (which raises
     on its ``fail_rank``): one launch both checks training and a failing rank's end."""
     results = fit_cases(ctx, cases, folder)
+    results["unused_refused"] = unused_refusal()
     torch.save(results, os.path.join(folder, f"rank{ctx.rank}.pt"))
     fit_cases(ctx, [failing], folder)
+
+
+def unused_refusal() -> str:
+    """What our strategy says, with its default ``find_unused_parameters=False``, when the loss
+    never reaches a trainable parameter (torch's DDP stops such a run too)."""
+    try:
+        fit("bucketed", FitCase("unused-refused", unused=True), steps=1)
+    except RuntimeError as e:
+        return str(e)
+    return "trained without a word"

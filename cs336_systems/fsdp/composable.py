@@ -111,6 +111,7 @@ def _root_of(module: nn.Module) -> Root:
     return root
 
 
+@torch.compiler.disable
 def _pre_forward(module: nn.Module, args: tuple, kwargs: dict):
     root = Root.active or _root_of(module)
     if Root.active is None and root.module is module:  # the root's own forward
@@ -124,6 +125,7 @@ def _pre_forward(module: nn.Module, args: tuple, kwargs: dict):
     return args, kwargs
 
 
+@torch.compiler.disable
 def _post_forward(module: nn.Module, args: tuple, output):
     root = Root.active or module.__dict__.get("_fsdp_owner_root")
     if root is None:

@@ -95,6 +95,7 @@ class Root:
 
     # -- forward -------------------------------------------------------------------------------
 
+    @torch.compiler.disable
     def enter(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Start a forward; returns the inputs cast to the compute dtype."""
         if self.schedule.grad_pending:
@@ -110,6 +111,7 @@ class Root:
         Root.active = self
         return cast_floats(args, self.cast_to), cast_floats(kwargs, self.cast_to)
 
+    @torch.compiler.disable
     def exit(self) -> None:
         hooks, self._saved_hooks = self._saved_hooks, None
         Root.active = None

@@ -179,6 +179,7 @@ class Schedule:
             return self._forward_next[index]
         return None
 
+    @torch.compiler.disable
     def pre_forward(self, call: Call) -> None:
         """Put the call's full weights in place (gathered, or waited for) and prefetch the next
         unit's."""
@@ -214,6 +215,7 @@ class Schedule:
                 self._biases[module] = bias
                 module._parameters["bias"] = bias.to(weight.compute_dtype)
 
+    @torch.compiler.disable
     def post_forward(self, call: Call) -> None:
         if not call.depth:
             return  # its pre-hook never ran (a forward that failed before it)
@@ -237,6 +239,7 @@ class Schedule:
     def _awaits_backward(weight: ShardedWeight) -> bool:
         return torch.is_grad_enabled() and weight.grads_in < weight.uses
 
+    @torch.compiler.disable
     def pack(self, tensor: torch.Tensor):
         """saved_tensors_hooks pack: a view of a gathered weight becomes a :class:`_SavedFull`."""
         if not self._storages or tensor.layout != torch.strided:
@@ -251,6 +254,7 @@ class Schedule:
 
     # -- backward ------------------------------------------------------------------------------
 
+    @torch.compiler.disable
     def unpack(self, saved):
         """saved_tensors_hooks unpack: gather the weight again, prefetch the next one."""
         if not isinstance(saved, _SavedFull):
