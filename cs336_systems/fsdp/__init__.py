@@ -1,9 +1,12 @@
 """Fully sharded data parallelism (FSDP; ZeRO stage 3), from scratch.
 
-Every rank keeps 1/world_size of each Linear and Embedding weight; a layer's full weight exists
-only while the layer computes, forward and backward, and its gradient is reduce-scattered back
-to the shards as soon as backward produces it. A block's weights travel together: one
-all-gather and one reduce-scatter per Transformer block, as torch's ``fully_shard`` per module.
+Every rank keeps 1/world_size of each Linear and Embedding weight (the handout's FSDP, the
+wrapper's default) or of every parameter (``fully_shard`` in place, or the wrapper with
+``shard="all"``: any module, whatever reads its parameters); a full weight exists only while
+its layer (or unit) computes, forward and backward, and its gradient is reduce-scattered back
+to the shards as soon as backward produces it, all of them finished when backward ends. A
+block's weights travel together: one all-gather and one reduce-scatter per Transformer block,
+as torch's ``fully_shard`` per module.
 
 * sharded_weight.py  one weight's shard layout (flatten, pad, slice) and its collectives
 * unit.py            a block's weights in one all-gather and one reduce-scatter

@@ -1,8 +1,9 @@
 """Checkpoints of our FSDP with torch's own tools: ``torch.distributed.checkpoint`` (DCP) and its
 ``state_dict`` helpers (``get_model_state_dict``, ``set_optimizer_state_dict``, ...).
 
-Usage (every rank; ``model`` is ``fsdp.module``, the wrapped model whose parameters are the
-shards, as ``fully_shard``'s model is its own FSDP module)::
+Usage (every rank; ``model`` is a model sharded in place by our ``fully_shard``, or
+``fsdp.module``, the wrapped model whose parameters are the shards, as ``fully_shard``'s model
+is its own FSDP module; the wrapper itself gives whole tensors under the model's keys)::
 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
@@ -34,7 +35,8 @@ writes each row block once, so a hybrid checkpoint loads at any world size, hybr
 ours or ``fully_shard``. ShardedWeight knows only its shard group: the wrapper hands its
 options over with its weights (:func:`install_state_dict_hooks`).
 
-Model hooks are installed by the wrapper; an optimizer's get theirs on its first ``step()``
+Model hooks are installed by the wrapper and by ``fully_shard``, on every parameter slot holding
+a shard (a Linear's ``weight``, a norm's ``bias``, ``in_proj_weight``); an optimizer's get theirs on its first ``step()``
 (a global pre-step hook), which torch's ``get/set_optimizer_state_dict`` make themselves when the
 optimizer has no state yet, or at once with :func:`enable_optimizer_checkpoints`.
 """
