@@ -84,14 +84,10 @@ def _validate(module: object, compute_dtype: object, shard: object,
             "makes each nn.ModuleList element a unit), or apply cs336_systems.fsdp.fully_shard per "
             "block and then to the model"
         )
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError(
-            "FSDP needs an initialised default process group: call "
-            "torch.distributed.init_process_group (or cs336_systems.launch.launch) first"
-        )
     if shard == "all":
         if exact_gradients:
             raise ValueError("exact_gradients=True runs with shard='weights' (Linear and Embedding weights) only")
+        _require_process_group()
         return []
     readers = [n for n, m in module.named_modules() if isinstance(m, _READS_CHILD_WEIGHTS)]
     if readers:
@@ -111,7 +107,16 @@ def _validate(module: object, compute_dtype: object, shard: object,
         weight = layer._parameters["weight"]
         if not weight.is_floating_point():
             raise ValueError(f"{name}.weight has dtype {weight.dtype}; FSDP shards floating weights")
+    _require_process_group()
     return layers
+
+
+def _require_process_group() -> None:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "FSDP needs an initialised default process group: call "
+            "torch.distributed.init_process_group (or cs336_systems.launch.launch) first"
+        )
 
 
 class FullyShardedDataParallel(nn.Module):
