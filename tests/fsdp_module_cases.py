@@ -121,7 +121,8 @@ def _shard(case: ModuleCase, side: str, model: nn.Module) -> nn.Module:
         return fully_shard(model, compute_dtype=case.compute_dtype)
     from cs336_systems.fsdp import FullyShardedDataParallel
 
-    return FullyShardedDataParallel(model, case.compute_dtype, shard="all")
+    return FullyShardedDataParallel(model, case.compute_dtype, shard="all",
+                                    activation_checkpointing=side == "wrapper-checkpointed")
 
 
 def _full(side: str, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -318,8 +319,10 @@ def compiled(ctx: RankContext) -> dict:
 
 def sides(case: ModuleCase) -> tuple[str, ...]:
     """Ours in place and torch's for every case; the wrapper (the same units, built for the
-    user) on the first only, to keep the job short."""
-    return ("ours", "wrapper", "torch") if case is CASES[0] else ("ours", "torch")
+    user) on the first only, and with activation checkpointing on the second, to keep the job
+    short."""
+    extra = {CASES[0].name: ("wrapper",), CASES[1].name: ("wrapper-checkpointed",)}.get(case.name, ())
+    return ("ours", *extra, "torch")
 
 
 def run_module_cases(ctx: RankContext) -> dict:

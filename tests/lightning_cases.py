@@ -90,6 +90,10 @@ def make_strategy(name: str, case: FitCase) -> Any:
 
     if name == "lightning":
         return DDPStrategy(process_group_backend="gloo", **case.torch_ddp)
+    if name == "fsdp":
+        from cs336_systems.lightning import CS336FSDPStrategy
+
+        return CS336FSDPStrategy(process_group_backend="gloo")
     return CS336DDPStrategy(variant=name, process_group_backend="gloo", **case.ours)
 
 
@@ -151,7 +155,11 @@ def fit(strategy_name: str, case: FitCase, steps: int, devices: int = 2, ckpt_in
     trainer.fit(module, loader, ckpt_path=ckpt_in)
     if ckpt_out is not None:
         trainer.save_checkpoint(ckpt_out)
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    from torch.distributed.tensor import DTensor
+
+    # A module our FSDP sharded yields its rows as DTensors (a collective): whole, to compare.
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+            for k, v in module.state_dict().items()}
 
 
 def fit_cases(ctx: Any, cases: list[FitCase], folder: str) -> dict[str, dict[str, dict[str, torch.Tensor]]]:

@@ -34,6 +34,9 @@ VARIANTS = ("bucketed", "per_parameter", "flat", "naive", "auto")
 EVERY = ("lightning", *VARIANTS)
 
 
+FSDP_CASE = FitCase("fsdp", batchnorm=False, steps=3, resume_at=1, strategies=("lightning", "fsdp"), whole_batch=True)
+
+
 def _cases() -> list[FitCase]:
     some = EVERY if MATRIX else ("lightning", "bucketed")
     return [
@@ -48,6 +51,10 @@ def _cases() -> list[FitCase]:
         # A parameter no rank uses: allowed when asked for, as DDPStrategy allows it.
         FitCase("unused-parameters", unused=True, strategies=("lightning", "bucketed"),
                 ours={"find_unused_parameters": True}, torch_ddp={"find_unused_parameters": True}),
+        # Our FSDP under Lightning (no BatchNorm: torch's DDP broadcasts rank 0's running statistics
+        # every forward, FSDP keeps each rank's), resumed from its full checkpoint; beside DDP and
+        # one process on the global batch.
+        FSDP_CASE,
         FitCase("static-graph", strategies=("lightning", "bucketed") + (VARIANTS[1:] if MATRIX else ()),
                 ours={"static_graph": True}, torch_ddp={"static_graph": True}),
     ]
@@ -101,6 +108,9 @@ def test_same_weights_as_lightning_ddp_strategy_and_a_failing_rank(tmp_path):
                     assert quiet and all(c == 0 for c in quiet), f"{name}: all-reduces per batch {calls}"
                     assert all(c > 0 for c in stepping), f"{name}: all-reduces per batch {calls}"
     for rank, results in enumerate(ranks):
+        # float32 rounding of two half-batch gradients summed against one whole-batch chain.
+        _assert_same(results[FSDP_CASE.name]["fsdp"], results[FSDP_CASE.name]["whole_batch"],
+                     f"CS336FSDPStrategy vs one process, rank {rank}", atol=1e-5)
         got = results[SYNC_BATCHNORM.name]
         for name in SYNC_BATCHNORM.strategies:
             # float32 rounding of E[x^2] - E[x]^2 against torch's two-pass variance, over 4 steps.
@@ -183,8 +193,12 @@ def test_registered_under_its_name():
     """Trainer(strategy="cs336_ddp") builds ours, as Trainer(strategy="ddp") builds Lightning's."""
     import lightning.pytorch as pl
 
-    for name, find_unused in (("cs336_ddp", False), ("cs336_ddp_find_unused_parameters_true", True)):
+    from cs336_systems.lightning import CS336FSDPStrategy
+
+    for name, kind, find_unused in (("cs336_ddp", CS336DDPStrategy, False),
+                                    ("cs336_ddp_find_unused_parameters_true", CS336DDPStrategy, True),
+                                    ("cs336_fsdp", CS336FSDPStrategy, True)):
         trainer = pl.Trainer(strategy=name, accelerator="cpu", devices=2, logger=False,
                              enable_checkpointing=False, enable_progress_bar=False)
-        assert type(trainer.strategy) is CS336DDPStrategy and trainer.strategy.strategy_name == "cs336_ddp"
+        assert type(trainer.strategy) is kind and name.startswith(trainer.strategy.strategy_name)
         assert trainer.strategy.find_unused_parameters is find_unused

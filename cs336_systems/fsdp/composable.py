@@ -34,6 +34,9 @@ between them with full weights as plain inputs (tests/test_fsdp_any_module.py ch
 
 from __future__ import annotations
 
+import functools
+from typing import Callable, Union
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -160,6 +163,53 @@ class FSDPModule:
         _root_of(self).schedule.release()
 
 
+# Which modules are units under the wrapper's shard="all": module classes (Lightning's
+# auto_wrap_policy spelling) or a predicate; None: the elements of every nn.ModuleList.
+UnitPolicy = Union[set, frozenset, list, tuple, Callable[[nn.Module], bool], None]
+
+
+def unit_selector(units: UnitPolicy) -> Callable[[nn.Module], bool] | None:
+    """The predicate ``units`` stands for (None stays None: the default units)."""
+    if units is None or callable(units):
+        return units
+    classes = tuple(units)
+    if not classes or not all(isinstance(c, type) and issubclass(c, nn.Module) for c in classes):
+        raise TypeError(f"units must be module classes or a predicate on modules, got {units!r}")
+    return lambda m: isinstance(m, classes)
+
+
+def shard_units(module: nn.Module, compute_dtype: torch.dtype | None, group: dist.ProcessGroup | None,
+                options: FsdpOptions, select: Callable[[nn.Module], bool] | None) -> list[ShardedWeight]:
+    """The wrapper's ``shard="all"``: each module ``select`` picks (default: each element of
+    every nn.ModuleList) a unit, innermost first, then the model, each gathered by its
+    module's forward hooks, as ``fully_shard`` per unit then at the root."""
+    if select is None:
+        elements = [m for lst in module.modules() if isinstance(lst, nn.ModuleList) for m in lst]
+    else:
+        elements = [m for m in module.modules() if m is not module and select(m)]
+    depth = {id(m): len(n.split(".")) for n, m in module.named_modules()}
+    for m in sorted(elements, key=lambda m: -depth[id(m)]):
+        if "_fsdp_call" not in m.__dict__ and any(True for _ in m.parameters()):
+            shard_unit(m, compute_dtype, group)
+    call = shard_unit(module, compute_dtype, group)
+    call.reshard = False  # the outermost unit's parameters stay until backward, as torch's root
+    for m in module.modules():
+        if "_fsdp_call" in m.__dict__:
+            m.__dict__["_fsdp_options"] = options
+            m.__dict__["_fsdp_compute_dtype"] = compute_dtype
+            m.register_forward_pre_hook(_pre_forward, with_kwargs=True)
+            m.register_forward_hook(_post_forward, always_call=True)
+            _hook_recomputation(m)
+    return [w for unit in units_under(module) for w in unit.members]
+
+
+def _hook_recomputation(module: nn.Module) -> None:
+    """A unit rerun by activation checkpointing (activation_checkpointing.py) reruns its
+    ``forward`` only: these gather and put back its parameters around the rerun."""
+    module.__dict__["_fsdp_recompute_hooks"] = (functools.partial(_pre_forward, module, (), {}),
+                                                functools.partial(_post_forward, module, (), None))
+
+
 _classes: dict[type, type] = {}
 
 
@@ -197,6 +247,7 @@ def fully_shard(module: nn.Module, *, compute_dtype: torch.dtype | None = None,
     install_state_dict_hooks(module, [w for u in module._fsdp_units for w in u.members], options)
     module.register_forward_pre_hook(_pre_forward, with_kwargs=True)
     module.register_forward_hook(_post_forward, always_call=True)
+    _hook_recomputation(module)
     cls = type(module)
     if not issubclass(cls, FSDPModule):
         if cls not in _classes:

@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 from cs336_basics.model import Embedding, Linear
 from cs336_systems.fsdp.activation_checkpointing import checkpoint_layers
 from cs336_systems.fsdp.checkpoint import install_state_dict_hooks
-from cs336_systems.fsdp.composable import adopt, shard_unit, units_under
+from cs336_systems.fsdp.composable import UnitPolicy, adopt, shard_units, unit_selector, units_under
 from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
 from cs336_systems.fsdp.options import FsdpOptions
 from cs336_systems.fsdp.root import Root
@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # imported late elsewhere: absent from some builds
 SHARDED_TYPES: tuple[type[nn.Module], ...] = (Linear, Embedding, nn.Linear, nn.Embedding)
 COMPUTE_DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
 SHARD_CHOICES = ("weights", "all")
+
 # torch's state-dict helpers drop this attribute's name from every key (it is how they see
 # through CheckpointWrapper), so the wrapped model registered under it keeps its own keys.
 _INNER = _CHECKPOINT_WRAPPED_MODULE
@@ -137,7 +138,7 @@ class FullyShardedDataParallel(nn.Module):
     """
 
     def __init__(self, module: nn.Module, compute_dtype: torch.dtype | None = None,
-                 exact_gradients: bool = False, *, shard: str = "weights",
+                 exact_gradients: bool = False, *, shard: str = "weights", units: UnitPolicy = None,
                  reshard_after_forward: bool = True, sync_module_states: bool = True,
                  reduce_dtype: torch.dtype | None = None, cast_forward_inputs: bool = True,
                  activation_checkpointing: bool = False, device_mesh: DeviceMesh | None = None,
@@ -149,6 +150,9 @@ class FullyShardedDataParallel(nn.Module):
                               activation_checkpointing, device_mesh, shard_group, replicate_group,
                               cast_forward_inputs)
         options.validate(exact_gradients)
+        if units is not None and shard != "all":
+            raise ValueError("units= chooses the units of shard='all'; shard='weights' gathers each layer alone")
+        select = unit_selector(units)
         layers = _validate(module, compute_dtype, shard, exact_gradients)
         super().__init__()
         self.add_module(_INNER, module)
@@ -166,7 +170,7 @@ class FullyShardedDataParallel(nn.Module):
         if options.activation_checkpointing:
             checkpoint_layers(module)
         if shard == "all":
-            self.sharded_weights = self._shard_all(module, shard_group)
+            self.sharded_weights = shard_units(module, self.compute_dtype, shard_group, options, select)
             self.units = units_under(module)
         else:
             self.sharded_weights, self.units = self._shard_weights(layers, shard_group)
@@ -210,26 +214,6 @@ class FullyShardedDataParallel(nn.Module):
         # A block's weights are gathered and reduced together (unit.py).
         units = build_units(by_layer, unit_keys(self.module, list(by_layer)))
         return list(weights.values()), units
-
-    def _shard_all(self, module: nn.Module, group: dist.ProcessGroup | None) -> list[ShardedWeight]:
-        """Every parameter: each element of every nn.ModuleList a unit (innermost first), then
-        the model, each gathered by its module's forward hooks (composable.py)."""
-        from cs336_systems.fsdp.composable import _post_forward, _pre_forward
-
-        elements = [m for lst in module.modules() if isinstance(lst, nn.ModuleList) for m in lst]
-        depth = {id(m): len(n.split(".")) for n, m in module.named_modules()}
-        for m in sorted(elements, key=lambda m: -depth[id(m)]):
-            if "_fsdp_call" not in m.__dict__ and any(True for _ in m.parameters()):
-                shard_unit(m, self.compute_dtype, group)
-        call = shard_unit(module, self.compute_dtype, group)
-        call.reshard = False  # the outermost unit's parameters stay until backward, as torch's root
-        for m in module.modules():
-            if "_fsdp_call" in m.__dict__:
-                m.__dict__["_fsdp_options"] = self.options
-                m.__dict__["_fsdp_compute_dtype"] = self.compute_dtype
-                m.register_forward_pre_hook(_pre_forward, with_kwargs=True)
-                m.register_forward_hook(_post_forward, always_call=True)
-        return [w for unit in units_under(module) for w in unit.members]
 
     def _install_exact(self) -> ExactGradients:
         """Hook every leaf module owning trainable parameters for exact-gradient mode."""
