@@ -207,9 +207,10 @@ class Schedule:
             self.gather_unit(upcoming.unit)
         for module, name, weight in call.slots:
             module._parameters[name] = fulls[id(weight)]  # for this call only; post_forward restores
+        if len(call.slots) == 1 and not self.exact_gradients:  # a layer's weight alone (the handout's)
+            module, _, weight = call.slots[0]
             bias = module._parameters.get("bias")
-            if (name == "weight" and not self.exact_gradients and isinstance(bias, nn.Parameter)
-                    and bias.dtype != weight.compute_dtype):
+            if bias is not None and bias.dtype != weight.compute_dtype:
                 # A layer computes in one dtype: its (replicated) bias is cast for the call too,
                 # differentiably, so its gradient comes back to the master in the master's dtype.
                 self._biases[module] = bias
