@@ -26,10 +26,12 @@ sharded parameters appear as ``Shard(0)`` DTensors (checkpoint.py).
 ``FullyShardedDataParallel(model, shard="all")`` does the same behind the wrapper: each
 element of every ``nn.ModuleList`` a unit, then the model.
 
-torch.compile: compile the blocks (``block.compile()`` before sharding, or
-``torch.compile(block)`` inside), not the sharded model. The hooks swap tensors into modules'
-``_parameters`` and run collectives, which dynamo does not trace; the compiled blocks run
-between them with full weights as plain inputs (tests/test_fsdp_any_module.py checks this).
+torch.compile: ``torch.compile(model)`` of a sharded model works. The hooks (here, root.py and
+schedule.py's forward hooks and saved-tensor hooks) are ``torch.compiler.disable``d: they swap
+tensors into modules' ``_parameters`` and run collectives, which dynamo would otherwise guard
+on and recompile for until its recompile limit. Dynamo compiles the computation between them;
+tests/test_fsdp_any_module.py trains a compiled model (``fail_on_recompile_limit_hit``) to
+the eager model's weights. The cost in eager mode: about a microsecond per hook call.
 """
 
 from __future__ import annotations
