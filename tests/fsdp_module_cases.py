@@ -285,6 +285,12 @@ def refusals(ctx: RankContext) -> dict:
         FullyShardedDataParallel(Encoder())
     except ValueError as e:
         errors["attention"] = str(e)
+    nested = Encoder()
+    nested.encoder.layers[0] = FullyShardedDataParallel(nested.encoder.layers[0], shard="all")
+    try:
+        FullyShardedDataParallel(nested, shard="all")
+    except ValueError as e:
+        errors["nested"] = str(e)
     return errors
 
 

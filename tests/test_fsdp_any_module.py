@@ -123,9 +123,11 @@ def test_exact_gradients_on_layer_norm_and_batch_norm(world_size: int):
 
 
 @pytest.mark.parametrize("world_size", _params((2,)))
-def test_handout_sharding_refuses_attention_and_names_the_option(world_size: int):
-    error = results(world_size)[0]["refusals"]["attention"]
-    assert "MultiheadAttention" in error and "shard='all'" in error
+def test_handout_sharding_refuses_attention_and_nested_wrappers_and_names_the_way(world_size: int):
+    errors = results(world_size)[0]["refusals"]
+    assert "MultiheadAttention" in errors["attention"] and "shard='all'" in errors["attention"]
+    # Wrappers inside wrappers: the per-block recipe is fully_shard's, said in the error.
+    assert "encoder.layers.0" in errors["nested"] and "fully_shard" in errors["nested"]
 
 
 @pytest.mark.parametrize("world_size", _params((2,)))
