@@ -320,7 +320,24 @@ def compiled(ctx: RankContext) -> dict:
                 optimizer.step()
                 optimizer.zero_grad()
         weights[compile_it] = model.gather_full_params()
-    return {"weights": weights, "graphs": counters["stats"]["unique_graphs"]}
+    # The wrapper, the handout's sharding (hooks on every Linear), compiled as torch.compile(fsdp).
+    from cs336_systems.fsdp import FullyShardedDataParallel
+
+    wrapped = {}
+    for compile_it in (False, True):
+        fsdp = FullyShardedDataParallel(_mlp(0))
+        optimizer = torch.optim.SGD(fsdp.parameters(), lr=0.1)
+        runner = torch.compile(fsdp, backend="aot_eager") if compile_it else fsdp
+        with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+            for step in range(STEPS):
+                g = torch.Generator().manual_seed(7 + step)
+                x, y = torch.randn(BATCH, 8, generator=g), torch.randint(0, 4, (BATCH,), generator=g)
+                rows = slice(ctx.rank * BATCH // ctx.world_size, (ctx.rank + 1) * BATCH // ctx.world_size)
+                nn.functional.cross_entropy(runner(x[rows]), y[rows]).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+        wrapped[compile_it] = fsdp.gather_full_params()
+    return {"weights": weights, "wrapped": wrapped, "graphs": counters["stats"]["unique_graphs"]}
 
 
 def sides(case: ModuleCase) -> tuple[str, ...]:

@@ -132,10 +132,12 @@ def test_handout_sharding_refuses_attention_and_nested_wrappers_and_names_the_wa
 
 @pytest.mark.parametrize("world_size", _params((2,)))
 def test_torch_compile_of_the_sharded_model_matches_eager(world_size: int):
-    """Item 6: torch.compile(model) on a fully_shard'ed model: dynamo compiles the blocks'
-    computation (some graph captured), our hooks run eagerly, no recompile limit is hit (it
-    would raise), and the weights equal eager training's."""
+    """Item 6: torch.compile(model) on a fully_shard'ed model, and torch.compile(fsdp) on the
+    wrapper with the handout's sharding: dynamo compiles the computation (some graph captured),
+    our hooks run eagerly, no recompile limit is hit (it would raise), and the weights equal
+    eager training's."""
     for result in results(world_size):
         found = result["compiled"]
         assert found["graphs"] >= 1
         _assert_close(found["weights"][True], found["weights"][False], "compiled vs eager", atol=1e-6)
+        _assert_close(found["wrapped"][True], found["wrapped"][False], "compiled wrapper vs eager", atol=1e-6)
