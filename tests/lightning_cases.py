@@ -93,7 +93,7 @@ def make_strategy(name: str, case: FitCase) -> Any:
     if name == "fsdp":
         from cs336_systems.lightning import CS336FSDPStrategy
 
-        return CS336FSDPStrategy(process_group_backend="gloo")
+        return CS336FSDPStrategy(process_group_backend="gloo", **case.ours)
     return CS336DDPStrategy(variant=name, process_group_backend="gloo", **case.ours)
 
 

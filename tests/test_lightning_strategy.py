@@ -34,7 +34,9 @@ VARIANTS = ("bucketed", "per_parameter", "flat", "naive", "auto")
 EVERY = ("lightning", *VARIANTS)
 
 
-FSDP_CASE = FitCase("fsdp", batchnorm=False, steps=3, resume_at=1, strategies=("lightning", "fsdp"), whole_batch=True)
+# Each Linear a unit (Lightning's auto_wrap_policy spelling), then the root.
+FSDP_CASE = FitCase("fsdp", batchnorm=False, steps=3, resume_at=1, strategies=("lightning", "fsdp"), whole_batch=True,
+                    ours={"auto_wrap_policy": {torch.nn.Linear}})
 
 
 def _cases() -> list[FitCase]:
