@@ -5,13 +5,14 @@ Transformer block's weights) not gathered yet, in one all-gather, and a unit's g
 reduce-scattered together once every member's have arrived. Memory is still released weight
 by weight: each is freed as soon as its own use is over.
 
-Forward, for each use of a sharded layer (a module call; a tied weight has one per module):
+Forward, for each use (a :class:`~cs336_systems.fsdp.unit.Call`: a sharded layer's call, or
+with every parameter sharded a unit module's; a tied weight has one per module):
 
-1. the layer's forward pre-hook waits for its weight's all-gather (launched as a prefetch, or
-   now) and launches the all-gather of the next unit's weights, taken from the order the
-   previous forward ran the layers in, so it overlaps this unit's compute;
-2. the layer computes with the full weight, put in place of the shard for the call;
-3. its forward hook puts the shard back and drops the full weight. Any tensor the layer saved
+1. the forward pre-hook waits for its weights' all-gather (launched as a prefetch, or now) and
+   launches the all-gather of the next unit's weights, taken from the order the previous
+   forward ran the calls in, so it overlaps this unit's compute;
+2. the module computes with the full weights, put in place of the shards for the call;
+3. its forward hook puts the shards back and drops the full weights. Any tensor the layer saved
    for backward that lives in the full weight was replaced, when autograd saved it, by a
    marker (``torch.autograd.graph.saved_tensors_hooks``), so nothing keeps the memory alive.
 
@@ -21,9 +22,10 @@ needs is launched. When the use's weight gradient arrives at :class:`_Unshard`, 
 is dropped and the gradient added to the weight's float32 sum; once every member of the unit
 has had its last use's gradient, the unit's sums are reduce-scattered asynchronously while
 backward goes on. At most ``MAX_REDUCTIONS_IN_FLIGHT`` reductions are pending at once, which
-bounds the full gradients alive. :meth:`Schedule.finish` launches any reduction whose uses
-never all produced a gradient, all-reduces the replicated parameters' gradients, waits, and
-installs the shards' gradients.
+bounds the full gradients alive. :meth:`Schedule.finish`, queued with autograd's engine by the
+first gradient of a backward so that it runs as that backward ends (as ``fully_shard``'s
+post-backward callback), launches any reduction whose uses never all produced a gradient,
+all-reduces the replicated parameters' gradients, waits, and installs the shards' gradients.
 
 In exact-gradient mode (exact.py) a layer computes with the full weight detached instead of
 through :class:`_Unshard`: its gradient arrives from exact.py, recomputed over the global batch,
