@@ -267,14 +267,14 @@ def _run_case(ctx: RankContext, case: Case) -> dict:
 def run_fsdp_cases(ctx: RankContext, cases: list[Case]) -> dict:
     """Rank function: every training case, then the misuse checks and the memory probe."""
     from tests.fsdp_probes import (
+        backward_ends_the_step,
         exact_mode_misuse,
-        misuse_after_init,
         probe_backward_flops,
         probe_memory_and_overlap,
     )
 
     results = {case.name: _run_case(ctx, case) for case in cases}
-    results["misuse"] = misuse_after_init(ctx)
+    results["backward_ends_the_step"] = backward_ends_the_step(ctx)
     results["exact_misuse"] = exact_mode_misuse(ctx)
     results["backward_flops"] = probe_backward_flops(ctx)
     results["memory"] = {

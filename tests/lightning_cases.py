@@ -40,6 +40,7 @@ class FitCase:
     torch_ddp: dict[str, Any] = field(default_factory=dict)  # DDPStrategy's (torch DDP's) options
     fail_rank: int | None = None  # this rank raises in its training_step of batch 2
     whole_batch: bool = False  # also fit one process (in each rank alone) on the global batch of 8
+    unused: bool = False  # the module holds a Linear its loss never uses
 
 
 def quiet_lightning() -> None:
@@ -67,6 +68,8 @@ def build_module(case: FitCase, lr: float = 0.1) -> Any:
             torch.manual_seed(0)
             norm: nn.Module = nn.BatchNorm1d(HIDDEN) if case.batchnorm else nn.Identity()
             self.net = nn.Sequential(nn.Linear(FEATURES, HIDDEN), norm, nn.ReLU(), nn.Linear(HIDDEN, CLASSES))
+            if case.unused:
+                self.spare = nn.Linear(HIDDEN, HIDDEN)
 
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
@@ -87,6 +90,10 @@ def make_strategy(name: str, case: FitCase) -> Any:
 
     if name == "lightning":
         return DDPStrategy(process_group_backend="gloo", **case.torch_ddp)
+    if name == "fsdp":
+        from cs336_systems.lightning import CS336FSDPStrategy
+
+        return CS336FSDPStrategy(process_group_backend="gloo", **case.ours)
     return CS336DDPStrategy(variant=name, process_group_backend="gloo", **case.ours)
 
 
@@ -148,7 +155,11 @@ def fit(strategy_name: str, case: FitCase, steps: int, devices: int = 2, ckpt_in
     trainer.fit(module, loader, ckpt_path=ckpt_in)
     if ckpt_out is not None:
         trainer.save_checkpoint(ckpt_out)
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+    from torch.distributed.tensor import DTensor
+
+    # A module our FSDP sharded yields its rows as DTensors (a collective): whole, to compare.
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+            for k, v in module.state_dict().items()}
 
 
 def fit_cases(ctx: Any, cases: list[FitCase], folder: str) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
@@ -184,5 +195,16 @@ def fit_cases_then_fail(ctx: Any, cases: list[FitCase], folder: str, failing: Fi
     """:func:`fit_cases`, its results saved to ``folder/rank<r>.pt``, then ``failing`` (which raises
     on its ``fail_rank``): one launch both checks training and a failing rank's end."""
     results = fit_cases(ctx, cases, folder)
+    results["unused_refused"] = unused_refusal()
     torch.save(results, os.path.join(folder, f"rank{ctx.rank}.pt"))
     fit_cases(ctx, [failing], folder)
+
+
+def unused_refusal() -> str:
+    """What our strategy says, with its default ``find_unused_parameters=False``, when the loss
+    never reaches a trainable parameter (torch's DDP stops such a run too)."""
+    try:
+        fit("bucketed", FitCase("unused-refused", unused=True), steps=1)
+    except RuntimeError as e:
+        return str(e)
+    return "trained without a word"

@@ -34,6 +34,11 @@ VARIANTS = ("bucketed", "per_parameter", "flat", "naive", "auto")
 EVERY = ("lightning", *VARIANTS)
 
 
+# Each Linear a unit (Lightning's auto_wrap_policy spelling), then the root.
+FSDP_CASE = FitCase("fsdp", batchnorm=False, steps=3, resume_at=1, strategies=("lightning", "fsdp"), whole_batch=True,
+                    ours={"auto_wrap_policy": {torch.nn.Linear}})
+
+
 def _cases() -> list[FitCase]:
     some = EVERY if MATRIX else ("lightning", "bucketed")
     return [
@@ -45,6 +50,13 @@ def _cases() -> list[FitCase]:
         FitCase("no-views-small-buckets", strategies=("lightning", "bucketed"),
                 ours={"gradient_as_bucket_view": False, "bucket_cap_mb": 0.0005},
                 torch_ddp={"gradient_as_bucket_view": False, "bucket_cap_mb": 0.0005}),
+        # A parameter no rank uses: allowed when asked for, as DDPStrategy allows it.
+        FitCase("unused-parameters", unused=True, strategies=("lightning", "bucketed"),
+                ours={"find_unused_parameters": True}, torch_ddp={"find_unused_parameters": True}),
+        # Our FSDP under Lightning (no BatchNorm: torch's DDP broadcasts rank 0's running statistics
+        # every forward, FSDP keeps each rank's), resumed from its full checkpoint; beside DDP and
+        # one process on the global batch.
+        FSDP_CASE,
         FitCase("static-graph", strategies=("lightning", "bucketed") + (VARIANTS[1:] if MATRIX else ()),
                 ours={"static_graph": True}, torch_ddp={"static_graph": True}),
     ]
@@ -78,6 +90,9 @@ def test_same_weights_as_lightning_ddp_strategy_and_a_failing_rank(tmp_path):
                timeout_s=60)
     assert time.monotonic() - start < 350
     ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+    for results in ranks:  # issue 41 item 7: refused as DDPStrategy refuses it, naming the option
+        refusal = results.pop("unused_refused")
+        assert "spare.weight" in refusal and "find_unused_parameters=True" in refusal, refusal
     for case in cases[:-1]:
         for rank, results in enumerate(ranks):
             got = results[case.name]
@@ -95,6 +110,9 @@ def test_same_weights_as_lightning_ddp_strategy_and_a_failing_rank(tmp_path):
                     assert quiet and all(c == 0 for c in quiet), f"{name}: all-reduces per batch {calls}"
                     assert all(c > 0 for c in stepping), f"{name}: all-reduces per batch {calls}"
     for rank, results in enumerate(ranks):
+        # float32 rounding of two half-batch gradients summed against one whole-batch chain.
+        _assert_same(results[FSDP_CASE.name]["fsdp"], results[FSDP_CASE.name]["whole_batch"],
+                     f"CS336FSDPStrategy vs one process, rank {rank}", atol=1e-5)
         got = results[SYNC_BATCHNORM.name]
         for name in SYNC_BATCHNORM.strategies:
             # float32 rounding of E[x^2] - E[x]^2 against torch's two-pass variance, over 4 steps.
@@ -114,7 +132,8 @@ def test_one_device_needs_no_wrapper():
         ({"variant": "ring"}, "variant must be one of"),
         ({"variant": "flat", "bucket_cap_mb": 50}, "applies to variant='bucketed'"),
         ({"variant": "naive", "gradient_as_bucket_view": False}, "applies to variant='bucketed'"),
-        ({"bucket_cap_mb": -1}, "bucket_size_mb must be a finite number > 0"),
+        ({"bucket_cap_mb": -1}, "bucket_cap_mb must be a finite number of MB > 0, got -1"),
+        ({"bucket_cap_mb": 0}, "bucket_cap_mb must be a finite number of MB > 0, got 0"),
         ({"variant": "auto", "bucket_cap_mb": 50}, "chooses the bucket size itself"),
         ({"ddp_comm_hook": print}, "no DDP communication hooks"),
         ({"model_averaging_period": 4}, "post-local-SGD"),
@@ -129,6 +148,7 @@ def test_options_it_cannot_honour_are_refused_in_one_line(options, message):
     with pytest.raises((ValueError, TypeError), match=message) as error:
         CS336DDPStrategy(**options)
     assert "\n" not in str(error.value)
+    assert "bucket_size_mb" not in str(error.value)  # the user's option name, not the wrapper's
 
 
 def test_options_map_to_the_wrappers():
@@ -150,9 +170,37 @@ def test_a_lightning_cli_yaml_config_builds_it(tmp_path):
     config.write_text(
         "trainer:\n  accelerator: cpu\n  devices: 2\n  logger: false\n  strategy:\n"
         "    class_path: cs336_systems.lightning.CS336DDPStrategy\n"
-        "    init_args: {variant: bucketed, bucket_cap_mb: 50, gradient_as_bucket_view: false, static_graph: true}\n"
+        "    init_args: {variant: bucketed, bucket_cap_mb: 50, gradient_as_bucket_view: false, static_graph: true,\n"
+        "      init_sync: true, check_reduction: false}\n"
     )
     cli = LightningCLI(pl.LightningModule, run=False, args=["--config", str(config)], save_config_callback=None)
     strategy = cli.trainer.strategy
     assert isinstance(strategy, CS336DDPStrategy)
     assert strategy._spec == CS336DDPStrategy(bucket_cap_mb=50, gradient_as_bucket_view=False, static_graph=True)._spec
+    assert strategy.init_sync is True and strategy.check_reduction is False
+
+
+def test_python_and_yaml_accept_the_same_options():
+    """Issue 41 item 7: LightningCLI takes the named arguments only, so every DDP option the
+    strategy accepts is one (``init_sync: true`` was accepted in Python, refused in YAML)."""
+    import inspect
+
+    from cs336_systems.lightning.options import _ACCEPTED
+
+    named = set(inspect.signature(CS336DDPStrategy.__init__).parameters)
+    assert _ACCEPTED <= named, f"accepted in Python only: {sorted(_ACCEPTED - named)}"
+
+
+def test_registered_under_its_name():
+    """Trainer(strategy="cs336_ddp") builds ours, as Trainer(strategy="ddp") builds Lightning's."""
+    import lightning.pytorch as pl
+
+    from cs336_systems.lightning import CS336FSDPStrategy
+
+    for name, kind, find_unused in (("cs336_ddp", CS336DDPStrategy, False),
+                                    ("cs336_ddp_find_unused_parameters_true", CS336DDPStrategy, True),
+                                    ("cs336_fsdp", CS336FSDPStrategy, True)):
+        trainer = pl.Trainer(strategy=name, accelerator="cpu", devices=2, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False)
+        assert type(trainer.strategy) is kind and name.startswith(trainer.strategy.strategy_name)
+        assert trainer.strategy.find_unused_parameters is find_unused

@@ -1,9 +1,12 @@
 """Fully sharded data parallelism (FSDP; ZeRO stage 3), from scratch.
 
-Every rank keeps 1/world_size of each Linear and Embedding weight; a layer's full weight exists
-only while the layer computes, forward and backward, and its gradient is reduce-scattered back
-to the shards as soon as backward produces it. A block's weights travel together: one
-all-gather and one reduce-scatter per Transformer block, as torch's ``fully_shard`` per module.
+Every rank keeps 1/world_size of each Linear and Embedding weight (the handout's FSDP, the
+wrapper's default) or of every parameter (``fully_shard`` in place, or the wrapper with
+``shard="all"``: any module, whatever reads its parameters); a full weight exists only while
+its layer (or unit) computes, forward and backward, and its gradient is reduce-scattered back
+to the shards as soon as backward produces it, all of them finished when backward ends. A
+block's weights travel together: one all-gather and one reduce-scatter per Transformer block,
+as torch's ``fully_shard`` per module.
 
 * sharded_weight.py  one weight's shard layout (flatten, pad, slice) and its collectives
 * unit.py            a block's weights in one all-gather and one reduce-scatter
@@ -13,6 +16,8 @@ all-gather and one reduce-scatter per Transformer block, as torch's ``fully_shar
                      sync_module_states, reduce_dtype, activation checkpointing, hybrid
                      sharding), with torch's defaults; ``no_sync()`` for gradient accumulation
 * activation_checkpointing.py   activation checkpointing per layer, and telling a recomputation apart
+* composable.py      ``fully_shard``: every parameter of a module sharded in place, a unit per call
+* root.py            one schedule per sharded model, its forward's context (input casting)
 * wrapper.py         ``FullyShardedDataParallel``: checks, rank 0's broadcast, hooks
 * checkpoint.py      torch's state-dict helpers and DCP: shards as ``Shard(0)`` DTensors
 
@@ -35,6 +40,7 @@ computing the weight gradients of the whole global batch, world size times its s
 adapter uses it by default (``adapters.get_fsdp_exact`` builds it for our bitwise tests).
 """
 
+from cs336_systems.fsdp.composable import FSDPModule, fully_shard
 from cs336_systems.fsdp.activation_checkpointing import checkpoint_layers, is_recomputing
 from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
 from cs336_systems.fsdp.options import FsdpOptions

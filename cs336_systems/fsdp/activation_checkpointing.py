@@ -33,7 +33,7 @@ def _in_module_list(module: nn.Module) -> Callable[[nn.Module], bool]:
     return lambda m: id(m) in members
 
 
-def _checkpointed(forward: Callable) -> Callable:
+def _checkpointed(module: nn.Module, forward: Callable) -> Callable:
     def run(*args, **kwargs):
         calls = 0
 
@@ -44,8 +44,17 @@ def _checkpointed(forward: Callable) -> Callable:
             if calls == 1:  # the forward itself
                 return forward(*a, **k)
             _recomputing += 1
+            # A unit whose forward hooks gather its parameters (every parameter sharded) is
+            # rerun here without them: its hooks are called around the rerun instead.
+            enter, leave = module.__dict__.get("_fsdp_recompute_hooks", (None, None))
             try:
-                return forward(*a, **k)
+                if enter is not None:
+                    enter()
+                try:
+                    return forward(*a, **k)
+                finally:
+                    if leave is not None:
+                        leave()
             finally:
                 _recomputing -= 1
 
@@ -61,7 +70,7 @@ def checkpoint_layers(module: nn.Module, select: Callable[[nn.Module], bool] | N
     count = 0
     for m in module.modules():
         if select(m) and not getattr(m, "_fsdp_checkpointed", False):
-            m.forward = _checkpointed(m.forward)
+            m.forward = _checkpointed(m, m.forward)
             m._fsdp_checkpointed = True
             count += 1
     return count

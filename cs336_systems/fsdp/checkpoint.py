@@ -1,8 +1,9 @@
 """Checkpoints of our FSDP with torch's own tools: ``torch.distributed.checkpoint`` (DCP) and its
 ``state_dict`` helpers (``get_model_state_dict``, ``set_optimizer_state_dict``, ...).
 
-Usage (every rank; ``model`` is ``fsdp.module``, the wrapped model whose parameters are the
-shards, as ``fully_shard``'s model is its own FSDP module)::
+Usage (every rank; ``model`` is a model sharded in place by our ``fully_shard``, or
+``fsdp.module``, the wrapped model whose parameters are the shards, as ``fully_shard``'s model
+is its own FSDP module; the wrapper itself gives whole tensors under the model's keys)::
 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
@@ -34,7 +35,8 @@ writes each row block once, so a hybrid checkpoint loads at any world size, hybr
 ours or ``fully_shard``. ShardedWeight knows only its shard group: the wrapper hands its
 options over with its weights (:func:`install_state_dict_hooks`).
 
-Model hooks are installed by the wrapper; an optimizer's get theirs on its first ``step()``
+Model hooks are installed by the wrapper and by ``fully_shard``, on every parameter slot holding
+a shard (a Linear's ``weight``, a norm's ``bias``, ``in_proj_weight``); an optimizer's get theirs on its first ``step()``
 (a global pre-step hook), which torch's ``get/set_optimizer_state_dict`` make themselves when the
 optimizer has no state yet, or at once with :func:`enable_optimizer_checkpoints`.
 """
@@ -126,33 +128,39 @@ def to_flat_shard(weight: ShardedWeight, value: Any, key: str) -> torch.Tensor:
 
 # -- the model: state_dict() yields DTensors, load_state_dict() takes DTensors or whole weights --
 
-def _save_rows(weight: ShardedWeight, module: nn.Module, state_dict: dict, prefix: str, metadata) -> None:
-    key = f"{prefix}weight"
+def _save_rows(weight: ShardedWeight, name: str, module: nn.Module, state_dict: dict, prefix: str,
+               metadata) -> None:
+    key = f"{prefix}{name}"
     if key in state_dict:
         state_dict[key] = to_dtensor(weight, state_dict[key])
 
 
-def _load_rows(weight: ShardedWeight, module: nn.Module, state_dict: dict, prefix: str, *rest) -> None:
-    key = f"{prefix}weight"
+def _load_rows(weight: ShardedWeight, name: str, module: nn.Module, state_dict: dict, prefix: str,
+               *rest) -> None:
+    key = f"{prefix}{name}"
     if key in state_dict:
         state_dict[key] = to_flat_shard(weight, state_dict[key], key)
 
 
 def install_state_dict_hooks(module: nn.Module, sharded_weights: list[ShardedWeight],
                              options: FsdpOptions) -> None:
-    """Hook every layer holding one of ``sharded_weights`` (tied ones on each of their layers),
-    and make optimizers over them hook themselves on their first step."""
+    """Hook every parameter slot holding one of ``sharded_weights`` (tied ones in each of their
+    modules; a slot once, however many wrappers or ``fully_shard`` calls see it), and make
+    optimizers over them hook themselves on their first step."""
     global _step_hook
     by_shard = {id(w.shard): w for w in sharded_weights}
     if options.is_hybrid:
         _hybrid.update(dict.fromkeys(sharded_weights, options))
     for layer in module.modules():
-        weight = by_shard.get(id(layer._parameters.get("weight")))
-        if weight is None:
-            continue
-        # partial, not a bound method: register_state_dict_post_hook marks its hook object.
-        layer.register_state_dict_post_hook(functools.partial(_save_rows, weight))
-        layer.register_load_state_dict_pre_hook(functools.partial(_load_rows, weight))
+        hooked = layer.__dict__.setdefault("_fsdp_hooked_slots", set())
+        for name, param in layer._parameters.items():
+            weight = by_shard.get(id(param))
+            if weight is None or name in hooked:
+                continue
+            hooked.add(name)
+            # partial, not a bound method: register_state_dict_post_hook marks its hook object.
+            layer.register_state_dict_post_hook(functools.partial(_save_rows, weight, name))
+            layer.register_load_state_dict_pre_hook(functools.partial(_load_rows, weight, name))
     _owners.update(by_shard)
     if _step_hook is None:
         _step_hook = register_optimizer_step_pre_hook(_on_optimizer_step)

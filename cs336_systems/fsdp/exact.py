@@ -14,8 +14,11 @@ size (each rank's loss averaged over its own rows, so its output gradient is wor
 the single process's, a power of two at world size 2 and so exact) and keeps its shard.
 
 Which parameters. An *exact layer* is a leaf module (no children) owning trainable parameters:
-Linear and Embedding (sharded weight; an ``nn.Linear`` bias is replicated) and RMSNorm
-(replicated gain). A layer must take positional tensor arguments whose first dimension is the
+Linear and Embedding (sharded weight; an ``nn.Linear`` bias is replicated), RMSNorm and
+LayerNorm (replicated gain and bias). Batch norm is left out: in training it normalises over the
+rank's whole batch, so its output rows are not a function of its input rows alone and a
+recomputation over the gathered batch would differentiate another function; its parameters
+keep the all-reduce path. A layer must take positional tensor arguments whose first dimension is the
 batch, the same shape on every rank, and return one tensor. Parameters owned by a module with
 children (say a free scale on the model itself) cannot be recomputed layer by layer: they keep
 the default path, an all-reduce of per-rank gradients, and so match only within rounding.
@@ -52,6 +55,10 @@ class ExactLayer:
     module: nn.Module
     weight: ShardedWeight | None  # its sharded weight, if it is a Linear or Embedding
     replicated: list[str]  # names of its trainable replicated parameters (bias, gain)
+
+    def is_sharded(self, name: str) -> bool:
+        """Whether ``name`` is this layer's sharded weight (a norm's ``weight`` is replicated)."""
+        return name == "weight" and self.weight is not None
 
     def trainable(self) -> list[str]:
         names = list(self.replicated)
@@ -137,7 +144,7 @@ class ExactGradients:
             raise TypeError(
                 f"exact-gradient FSDP needs {layer.name} to return one tensor, got {type(out).__name__}"
             )
-        params = [layer.weight.shard if n == "weight" else module._parameters[n] for n in names]
+        params = [layer.weight.shard if layer.is_sharded(n) else module._parameters[n] for n in names]
         versions = tuple(a._version if isinstance(a, torch.Tensor) else None for a in args)
         return _ExactUse.apply(out, self, _Use(layer, args, versions), *params)
 
@@ -151,7 +158,7 @@ class ExactGradients:
 
     def on_output_grad(self, use: _Use, grad_out: torch.Tensor) -> None:
         """Launch the gathers of this use, then finish the use before it (overlap by one)."""
-        self.schedule.grad_pending = True
+        self.schedule.note_backward()
         for arg, version in zip(use.inputs, use.versions):
             if isinstance(arg, torch.Tensor) and arg._version != version:
                 raise RuntimeError(
@@ -181,7 +188,7 @@ class ExactGradients:
         dtype = layer.weight.compute_dtype if layer.weight is not None else None
         values = {}
         for name in layer.trainable():
-            if name == "weight":
+            if layer.is_sharded(name):
                 value = self.schedule.full(layer.weight)
             else:
                 value = self._cast(module._parameters[name], dtype)
@@ -197,7 +204,7 @@ class ExactGradients:
         for name, grad in zip(values, grads):
             if grad is None:
                 continue
-            if name == "weight":
+            if layer.is_sharded(name):
                 self.schedule.on_weight_grad(layer.weight, grad)
                 continue
             master = masters[name]

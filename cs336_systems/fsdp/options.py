@@ -8,10 +8,16 @@ option                     default  what it does (torch's counterpart)
                                     memory (``fully_shard(reshard_after_forward=...)``)
 ``sync_module_states``     True     rank 0's parameters and buffers are broadcast before
                                     sharding; False: each rank keeps its slice of its own values
-                                    (FSDP1's flag; FSDP2 never broadcasts, as False here)
+                                    and, with the handout's sharding, the parameters it does not
+                                    shard (biases, norms) are still broadcast from rank 0, so
+                                    one model exists after wrapping, as under FSDP2 where every
+                                    parameter is sharded (FSDP1's flag; FSDP2 never broadcasts)
 ``reduce_dtype``           None     the dtype gradients are reduced in; None: float32, the master
                                     shards' dtype (``MixedPrecisionPolicy(reduce_dtype=...)``;
                                     ``compute_dtype`` is its ``param_dtype``)
+``cast_forward_inputs``    True     with a ``compute_dtype``, floating inputs of the model (and of
+                                    each unit, with every parameter sharded) are cast to it
+                                    (``MixedPrecisionPolicy(cast_forward_inputs=...)``)
 ``activation_checkpointing`` False  every element of every ``nn.ModuleList`` (a Transformer's
                                     blocks) runs under ``torch.utils.checkpoint`` (non-reentrant)
                                     and is recomputed in backward, weights gathered again for it
@@ -55,10 +61,12 @@ class FsdpOptions:
     device_mesh: DeviceMesh | None = None  # 2-D, dimensions ("replicate", "shard")
     shard_group: dist.ProcessGroup | None = None
     replicate_group: dist.ProcessGroup | None = None
+    cast_forward_inputs: bool = True
 
     def validate(self, exact_gradients: bool) -> None:
         """Every check that needs no collective; one-line errors naming the value."""
-        for name in ("reshard_after_forward", "sync_module_states", "activation_checkpointing"):
+        for name in ("reshard_after_forward", "sync_module_states", "activation_checkpointing",
+                     "cast_forward_inputs"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.reduce_dtype not in REDUCE_DTYPES:

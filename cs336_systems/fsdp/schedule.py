@@ -5,13 +5,14 @@ Transformer block's weights) not gathered yet, in one all-gather, and a unit's g
 reduce-scattered together once every member's have arrived. Memory is still released weight
 by weight: each is freed as soon as its own use is over.
 
-Forward, for each use of a sharded layer (a module call; a tied weight has one per module):
+Forward, for each use (a :class:`~cs336_systems.fsdp.unit.Call`: a sharded layer's call, or
+with every parameter sharded a unit module's; a tied weight has one per module):
 
-1. the layer's forward pre-hook waits for its weight's all-gather (launched as a prefetch, or
-   now) and launches the all-gather of the next unit's weights, taken from the order the
-   previous forward ran the layers in, so it overlaps this unit's compute;
-2. the layer computes with the full weight, put in place of the shard for the call;
-3. its forward hook puts the shard back and drops the full weight. Any tensor the layer saved
+1. the forward pre-hook waits for its weights' all-gather (launched as a prefetch, or now) and
+   launches the all-gather of the next unit's weights, taken from the order the previous
+   forward ran the calls in, so it overlaps this unit's compute;
+2. the module computes with the full weights, put in place of the shards for the call;
+3. its forward hook puts the shards back and drops the full weights. Any tensor the layer saved
    for backward that lives in the full weight was replaced, when autograd saved it, by a
    marker (``torch.autograd.graph.saved_tensors_hooks``), so nothing keeps the memory alive.
 
@@ -21,9 +22,10 @@ needs is launched. When the use's weight gradient arrives at :class:`_Unshard`, 
 is dropped and the gradient added to the weight's float32 sum; once every member of the unit
 has had its last use's gradient, the unit's sums are reduce-scattered asynchronously while
 backward goes on. At most ``MAX_REDUCTIONS_IN_FLIGHT`` reductions are pending at once, which
-bounds the full gradients alive. :meth:`Schedule.finish` launches any reduction whose uses
-never all produced a gradient, all-reduces the replicated parameters' gradients, waits, and
-installs the shards' gradients.
+bounds the full gradients alive. :meth:`Schedule.finish`, queued with autograd's engine by the
+first gradient of a backward so that it runs as that backward ends (as ``fully_shard``'s
+post-backward callback), launches any reduction whose uses never all produced a gradient,
+all-reduces the replicated parameters' gradients, waits, and installs the shards' gradients.
 
 In exact-gradient mode (exact.py) a layer computes with the full weight detached instead of
 through :class:`_Unshard`: its gradient arrives from exact.py, recomputed over the global batch,
@@ -55,7 +57,7 @@ from torch import nn
 
 from cs336_systems.fsdp.activation_checkpointing import is_recomputing
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
-from cs336_systems.fsdp.unit import Unit
+from cs336_systems.fsdp.unit import Call, Unit
 
 # Two: the one just launched can overlap the next unit's backward while the one before it
 # finishes; more would keep more full-size gradients alive for little extra overlap.
@@ -117,9 +119,12 @@ class Schedule:
         self._forward_next: list[ShardedWeight | None] = []  # per use of it: the next unit's
         self._order: list[ShardedWeight] = []  # uses of this forward so far
         self._saved: list[bool] = []  # per use of this forward: did it save its full weight
-        self._backward_order: list[ShardedWeight] = []  # uses that gather again, in backward order
-        self._backward_next: list[ShardedWeight | None] = []  # per position: the next unit's
+        self._last_use: dict[int, int] = {}  # id(weight) -> its latest use's index in _order
+        self._active: dict[int, int] = {}  # id(weight) -> calls under way computing with it
+        self._kept: set[int] = set()  # weights a call kept gathered for backward
+        self._backward_units: list[Unit] = []  # units whose weights backward gathers, in order
         self._backward_cursor = 0
+        self._finish_queued = False  # finish() is queued to run when this backward ends
         self._in_flight: deque[tuple[dist.Work, torch.Tensor, torch.Tensor]] = deque()  # work, in, out
         self._biases: dict[nn.Module, nn.Parameter] = {}  # master biases of layers mid-call
 
@@ -129,8 +134,12 @@ class Schedule:
         """Gather the weight with every member of its unit not gathered yet (one all-gather)."""
         if not weight.is_gathered:
             assert weight.unit is not None
-            for member in weight.unit.start_gather():
-                self._live[id(member)] = member
+            self.gather_unit(weight.unit)
+
+    def gather_unit(self, unit: Unit) -> None:
+        """One all-gather of every member of ``unit`` not gathered yet (a prefetch)."""
+        for member in unit.start_gather():
+            self._live[id(member)] = member
 
     def full(self, weight: ShardedWeight) -> torch.Tensor:
         self.start_gather(weight)
@@ -147,16 +156,21 @@ class Schedule:
     # -- forward -------------------------------------------------------------------------------
 
     def begin_forward(self) -> None:
-        self._order, self._saved = [], []
+        self._order, self._saved, self._last_use = [], [], {}
 
     def end_forward(self) -> None:
         for weight in list(self._live.values()):  # a prefetch the forward did not use
-            if self.reshard_after_forward or not self._awaits_backward(weight):
+            kept = id(weight) in self._kept or not self.reshard_after_forward
+            if not (kept and self._awaits_backward(weight)):
                 self.free(weight)
+        self._kept = set()
         self._last_order = self._order
         self._forward_next = _next_units(self._order)
-        self._backward_order = [w for w, saved in zip(reversed(self._order), reversed(self._saved)) if saved]
-        self._backward_next = _next_units(self._backward_order)
+        backward: list[Unit] = []  # units whose saved weights backward gathers, in its order
+        for weight, saved in zip(reversed(self._order), reversed(self._saved)):
+            if saved and weight.unit is not None and (not backward or backward[-1] is not weight.unit):
+                backward.append(weight.unit)
+        self._backward_units = backward
         self._backward_cursor = 0
 
     def _planned_next(self, index: int) -> ShardedWeight | None:
@@ -167,45 +181,68 @@ class Schedule:
             return self._forward_next[index]
         return None
 
-    def pre_forward(self, module: nn.Module, weight: ShardedWeight) -> None:
+    @torch.compiler.disable
+    def pre_forward(self, call: Call) -> None:
+        """Put the call's full weights in place (gathered, or waited for) and prefetch the next
+        unit's."""
         recompute = is_recomputing()  # a checkpointed layer rerun in backward (activation_checkpointing.py)
-        if not recompute:
-            index = len(self._order)
-            self._order.append(weight)
-            self._saved.append(False)
-        full = self.full(weight)
-        upcoming = None if recompute else self._planned_next(index)
-        if upcoming is not None and upcoming is not weight:
-            self.start_gather(upcoming)
-        if torch.is_grad_enabled() and weight.shard.requires_grad:
-            if recompute:  # no new use: the original use's gradient is the one that arrives
-                weight.recompute_holds += 1
-            else:
-                weight.uses += 1
-            if not self.exact_gradients:
-                full = _Unshard.apply(weight.shard, weight, self)
-        module._parameters["weight"] = full  # for this call only; post_forward restores the shard
-        bias = module._parameters.get("bias")
-        if not self.exact_gradients and bias is not None and bias.dtype != weight.compute_dtype:
-            # A layer computes in one dtype: its (replicated) bias is cast for the call too,
-            # differentiably, so its gradient comes back to the master in the master's dtype.
-            self._biases[module] = bias
-            module._parameters["bias"] = bias.to(weight.compute_dtype)
+        grad = torch.is_grad_enabled()
+        call.depth += 1
+        fulls: dict[int, torch.Tensor] = {}
+        for weight in call.weights:
+            if not recompute:
+                self._last_use[id(weight)] = len(self._order)
+                self._order.append(weight)
+                self._saved.append(False)
+            full = self.full(weight)
+            if grad and weight.shard.requires_grad:
+                if recompute:  # no new use: the original use's gradient is the one that arrives
+                    weight.recompute_holds += 1
+                else:
+                    weight.uses += 1
+                if not self.exact_gradients:
+                    full = _Unshard.apply(weight.shard, weight, self)
+            self._active[id(weight)] = self._active.get(id(weight), 0) + 1
+            fulls[id(weight)] = full
+        upcoming = None if recompute or not call.weights else self._planned_next(len(self._order) - 1)
+        if upcoming is not None and upcoming.unit is not None:
+            self.gather_unit(upcoming.unit)
+        for module, name, weight in call.slots:
+            module._parameters[name] = fulls[id(weight)]  # for this call only; post_forward restores
+        if len(call.slots) == 1 and not self.exact_gradients:  # a layer's weight alone (the handout's)
+            module, _, weight = call.slots[0]
+            bias = module._parameters.get("bias")
+            if bias is not None and bias.dtype != weight.compute_dtype:
+                # A layer computes in one dtype: its (replicated) bias is cast for the call too,
+                # differentiably, so its gradient comes back to the master in the master's dtype.
+                self._biases[module] = bias
+                module._parameters["bias"] = bias.to(weight.compute_dtype)
 
-    def post_forward(self, module: nn.Module, weight: ShardedWeight) -> None:
-        module._parameters["weight"] = weight.shard
-        if module in self._biases:
-            module._parameters["bias"] = self._biases.pop(module)
-        if is_recomputing() and weight.recompute_holds:
-            return  # the rerun's saved tensors are views of it: freed when its gradient arrives
-        if not self.reshard_after_forward and self._awaits_backward(weight):
-            return  # kept for backward: no second all-gather
-        self.free(weight)
+    @torch.compiler.disable
+    def post_forward(self, call: Call) -> None:
+        if not call.depth:
+            return  # its pre-hook never ran (a forward that failed before it)
+        call.depth -= 1
+        for module, name, weight in call.slots:
+            module._parameters[name] = weight.shard
+            if module in self._biases:
+                module._parameters["bias"] = self._biases.pop(module)
+        for weight in call.weights:
+            self._active[id(weight)] -= 1
+            if self._active[id(weight)]:
+                continue  # an enclosing call (a tie across units) still computes with it
+            if is_recomputing() and weight.recompute_holds:
+                continue  # the rerun's saved tensors are views of it: freed when its gradient arrives
+            if (not call.reshard or not self.reshard_after_forward) and self._awaits_backward(weight):
+                self._kept.add(id(weight))
+                continue  # kept for backward: no second all-gather
+            self.free(weight)
 
     @staticmethod
     def _awaits_backward(weight: ShardedWeight) -> bool:
         return torch.is_grad_enabled() and weight.grads_in < weight.uses
 
+    @torch.compiler.disable
     def pack(self, tensor: torch.Tensor):
         """saved_tensors_hooks pack: a view of a gathered weight becomes a :class:`_SavedFull`."""
         if not self._storages or tensor.layout != torch.strided:
@@ -213,29 +250,47 @@ class Schedule:
         weight = self._storages.get(tensor.untyped_storage().data_ptr())
         if weight is None or tensor.dtype != weight.compute_dtype:
             return tensor
-        if self._order and self._order[-1] is weight:
-            self._saved[-1] = True
+        index = self._last_use.get(id(weight))
+        if index is not None:
+            self._saved[index] = True
         return _SavedFull(weight, tensor.size(), tensor.stride(), tensor.storage_offset())
 
     # -- backward ------------------------------------------------------------------------------
 
+    @torch.compiler.disable
     def unpack(self, saved):
         """saved_tensors_hooks unpack: gather the weight again, prefetch the next one."""
         if not isinstance(saved, _SavedFull):
             return saved
         weight = saved.weight
         self.start_gather(weight)
-        order, cursor = self._backward_order, self._backward_cursor
-        if cursor < len(order) and order[cursor] is weight:
-            self._backward_cursor = cursor + 1
-            upcoming = self._backward_next[cursor]
-            if upcoming is not None:
-                self.start_gather(upcoming)
+        order, cursor = self._backward_units, self._backward_cursor
+        if cursor < len(order) and order[cursor] is weight.unit:
+            self._backward_cursor = cursor = cursor + 1
+            if cursor < len(order):  # prefetch the unit backward needs next
+                self.gather_unit(order[cursor])
         padded = weight.padded()
         return padded.as_strided(saved.size, saved.stride, saved.storage_offset)
 
+    def note_backward(self) -> None:
+        """A gradient of a synchronised step arrived: :meth:`finish` is queued to run when this
+        backward ends, as ``fully_shard`` queues its post-backward callback with autograd's
+        engine, so no call after ``backward()`` is needed."""
+        if not self.sync:
+            return
+        self.grad_pending = True
+        if not self._finish_queued:
+            self._finish_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_after_backward)
+
+    def _finish_after_backward(self) -> None:
+        try:
+            self.finish()
+        finally:
+            self._finish_queued = False
+
     def on_weight_grad(self, weight: ShardedWeight, grad_full: torch.Tensor) -> None:
-        self.grad_pending = self.grad_pending or self.sync
+        self.note_backward()
         if weight.recompute_holds:
             weight.recompute_holds -= 1
         if not weight.recompute_holds:
@@ -247,7 +302,7 @@ class Schedule:
                 self._launch_reduction(weight.unit)
 
     def on_replicated_grad(self, param: torch.Tensor) -> None:
-        self.grad_pending = self.grad_pending or self.sync
+        self.note_backward()
 
     def _launch_reduction(self, unit: Unit) -> None:
         while len(self._in_flight) >= MAX_REDUCTIONS_IN_FLIGHT:
@@ -265,9 +320,10 @@ class Schedule:
     # -- after backward ------------------------------------------------------------------------
 
     def finish(self) -> None:
-        """Complete every reduction of this step and install the averaged gradients."""
-        if not self.sync:
-            return  # inside no_sync(): the sums wait for the first synchronised backward
+        """Complete every reduction of this step and install the averaged gradients (run when a
+        backward ends; a second call, such as the adapters' explicit one, does nothing)."""
+        if not self.sync or not self.grad_pending:
+            return  # inside no_sync() the sums wait for the first synchronised backward
         if self.exact is not None:
             self.exact.finish()
         for weight in self.weights:  # uses whose gradient never came (e.g. an unused output)

@@ -26,6 +26,15 @@ graph, which every rank shares (schedule.py). A unit of one member skips the cop
 Units are chosen by :func:`unit_keys`: every element of an ``nn.ModuleList`` (a Transformer's
 block) is one unit; a sharded layer outside every list (an embedding, an LM head) is a unit of
 its own, so it is gathered only around its own call.
+
+Where full weights are put in place is a :class:`Call`: a module whose forward hooks swap full
+weights into named parameter slots for the call and put the shards back after it. With the
+handout's sharding (Linear and Embedding weights) each such layer is a call of one slot, its
+``weight``. With every parameter sharded (``shard="all"``, or ``fully_shard``) a unit's module
+is the call and its slots are every parameter in its subtree outside nested units, whoever
+reads them (``nn.MultiheadAttention`` reads ``in_proj_weight`` and ``out_proj.weight``
+without calling a Linear), as torch's ``fully_shard`` unshards a module's parameters in its
+forward pre-hook.
 """
 
 from __future__ import annotations
@@ -76,6 +85,18 @@ class UnitGather:
             offset += weight.layout.shard_numel
             weight.fill_gathered(self, columns)
         self._gathered = self._gathered.new_empty(0)  # the shared buffer goes now, not at exit
+
+
+class Call:
+    """A module whose forward runs with full weights: ``slots`` are the (module, parameter name,
+    weight) places they are swapped into; ``reshard`` False keeps them gathered from forward to
+    backward (a root's, as ``fully_shard`` keeps its root's)."""
+
+    def __init__(self, slots: list[tuple[nn.Module, str, ShardedWeight]], reshard: bool = True):
+        self.slots = slots
+        self.reshard = reshard
+        self.depth = 0  # calls under way (pre-hook ran, post-hook not yet)
+        self.weights = list({id(w): w for _, _, w in slots}.values())  # distinct, in slot order
 
 
 class Unit:

@@ -11,8 +11,9 @@ says why. The mapping:
 * ``broadcast_buffers``: the same in every variant (base.py broadcasts rank 0's buffers at the
   start of a synchronised forward, as torch does).
 * ``find_unused_parameters``: torch needs it to tolerate parameters without a gradient; ours
-  always tolerate them (their usage flags ride on the gradient all-reduce, base.py), so both
-  values train the same and the flag has nothing to switch.
+  always tolerate them (their usage flags ride on the gradient all-reduce, base.py). As torch's
+  DDP stops a run whose loss never reaches some trainable parameter unless it is True, so does
+  the strategy (strategy.py); where every parameter is used both values train the same.
 * ``static_graph``: torch uses it to learn, in the first step, which parameters get gradients
   and the order they become ready, and to skip re-deriving either later. Our overlapped
   variants learn the ready order once after the first step whatever the flag
@@ -20,6 +21,8 @@ says why. The mapping:
   without it, and they have no per-step traversal of the graph to skip. So ``static_graph``
   is accepted and changes nothing in ours; the claims benchmark measures it on torch's DDP.
 * ``init_sync=True`` (the default) is what every variant does; ``False`` is refused.
+  ``init_sync`` and ``check_reduction`` are named arguments of the strategy, as the options
+  above, so that a LightningCLI YAML takes every option Python does.
 * ``process_group``, ``device_ids``, ``output_device``, ``dim``, ``mixed_precision``,
   ``param_to_hook_all_reduce``, ``delay_all_reduce_named_params``, ``skip_all_reduce_unused_params``
   and the communication hooks: refused (our wrappers have no such option).
@@ -103,7 +106,10 @@ def wrapper_spec(
         else:
             if isinstance(bucket_cap_mb, str):
                 raise ValueError(f"bucket_cap_mb must be a number of MB (variant='auto' chooses it), got {bucket_cap_mb!r}")
-            bucket_cap_bytes(bucket_cap_mb)  # ValueError unless finite and > 0
+            try:
+                bucket_cap_bytes(bucket_cap_mb)  # ValueError unless finite and > 0
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"bucket_cap_mb must be a finite number of MB > 0, got {bucket_cap_mb!r}") from e
             options["bucket_size_mb"] = float(bucket_cap_mb)
         options["gradient_as_bucket_view"] = gradient_as_bucket_view
     else:

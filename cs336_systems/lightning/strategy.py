@@ -8,7 +8,11 @@ sampler, checkpoints, precision plugins, ``sync_batchnorm``. What differs, and w
 * ``post_backward`` calls the wrapper's ``finish_gradient_synchronization()``: torch's DDP
   finishes its reduction inside ``backward()``, ours need this call between backward and the
   optimizer step (and precision plugins unscale and clip only after the closure returns, so
-  they see the averaged gradients).
+  they see the averaged gradients). Then, unless ``find_unused_parameters=True``, a trainable
+  parameter that no rank used is refused with ``DDPStrategy``'s advice, as torch's DDP stops
+  such a run (ours could train on; a parameter the loss never reaches is usually a bug). It
+  reads only ``.grad is None`` after the reduction, the same on every rank, so every rank
+  raises together and nothing waits for the device.
 * ``block_backward_sync`` enters the wrapper's ``no_sync()``: Lightning calls it around the
   micro-batches of ``accumulate_grad_batches`` that do not step, so those communicate nothing.
 * ``sync_batchnorm`` on CPU: torch's ``SyncBatchNorm`` refuses CPU tensors, so on a CPU the
@@ -19,6 +23,11 @@ Usage, as with Lightning's own::
 
     trainer = Trainer(strategy=CS336DDPStrategy(variant="bucketed", bucket_cap_mb=25),
                       accelerator="cpu", devices=2)
+
+or by name once ``cs336_systems.lightning`` is imported (``"cs336_ddp"``, and
+``"cs336_ddp_find_unused_parameters_true"`` as Lightning names its own)::
+
+    trainer = Trainer(strategy="cs336_ddp", accelerator="cpu", devices=2)
 
 or in a LightningCLI YAML config::
 
@@ -68,6 +77,8 @@ class CS336DDPStrategy(DDPStrategy):
         static_graph: bool = False,
         broadcast_buffers: bool = True,
         find_unused_parameters: bool = False,
+        init_sync: bool = True,
+        check_reduction: bool = False,
         accelerator: Optional[Any] = None,
         parallel_devices: Optional[list[torch.device]] = None,
         cluster_environment: Optional[ClusterEnvironment] = None,
@@ -91,7 +102,8 @@ class CS336DDPStrategy(DDPStrategy):
                              "post-local-SGD communication hook")
         self._spec = wrapper_spec(variant, bucket_cap_mb, gradient_as_bucket_view,
                                   {**kwargs, "static_graph": static_graph, "broadcast_buffers": broadcast_buffers,
-                                   "find_unused_parameters": find_unused_parameters})
+                                   "find_unused_parameters": find_unused_parameters, "init_sync": init_sync,
+                                   "check_reduction": check_reduction})
         super().__init__(
             accelerator=accelerator, parallel_devices=parallel_devices, cluster_environment=cluster_environment,
             checkpoint_io=checkpoint_io, precision_plugin=precision_plugin, process_group_backend=process_group_backend,
@@ -103,6 +115,18 @@ class CS336DDPStrategy(DDPStrategy):
         self.static_graph = static_graph
         self.broadcast_buffers = broadcast_buffers
         self.find_unused_parameters = find_unused_parameters
+        self.init_sync = init_sync
+        self.check_reduction = check_reduction
+        self._accumulating = False  # inside block_backward_sync: nothing reduced yet
+
+    @classmethod
+    def register_strategies(cls, strategy_registry: Any) -> None:
+        """Lightning's registry entries, so ``Trainer(strategy="cs336_ddp")`` builds it."""
+        strategy_registry.register(cls.strategy_name, cls, description="DDP through cs336_systems.ddp's wrappers",
+                                   override=True)
+        strategy_registry.register(f"{cls.strategy_name}_find_unused_parameters_true", cls,
+                                   description="cs336_ddp with find_unused_parameters=True", override=True,
+                                   find_unused_parameters=True)
 
     @property
     def wrapper(self) -> DataParallel | None:
@@ -126,16 +150,33 @@ class CS336DDPStrategy(DDPStrategy):
         """Nothing to prepare: our hooks act on any backward of the wrapper's forward."""
 
     def post_backward(self, closure_loss: torch.Tensor) -> None:
-        if self.wrapper is not None:
-            self.wrapper.finish_gradient_synchronization()
+        if self.wrapper is None:
+            return
+        self.wrapper.finish_gradient_synchronization()
+        if not self.find_unused_parameters and not self._accumulating:
+            self._refuse_unused_parameters()
+
+    def _refuse_unused_parameters(self) -> None:
+        unused = [n for n, p in self.lightning_module.named_parameters() if p.requires_grad and p.grad is None]
+        if unused:
+            raise RuntimeError(
+                f"parameters {', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''} were not used in "
+                "producing the loss returned by training_step on any rank. If this is intentional, enable the "
+                "detection of unused parameters, as with DDPStrategy: strategy='cs336_ddp_find_unused_parameters_true' "
+                "or CS336DDPStrategy(find_unused_parameters=True)"
+            )
 
     @contextmanager
     def block_backward_sync(self) -> Iterator[None]:
         if self.wrapper is None:
             yield None
             return
-        with self.wrapper.no_sync():
-            yield None
+        self._accumulating = True
+        try:
+            with self.wrapper.no_sync():
+                yield None
+        finally:
+            self._accumulating = False
 
     def teardown(self) -> None:
         wrapper = self.wrapper
@@ -143,3 +184,12 @@ class CS336DDPStrategy(DDPStrategy):
             wrapper.release()
             self.model = self.lightning_module
         super().teardown()
+
+
+def _register() -> None:
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    CS336DDPStrategy.register_strategies(StrategyRegistry)
+
+
+_register()
