@@ -141,6 +141,33 @@ def nccl_rehearsal_step(out: Path) -> BenchStep:
     return BenchStep("DDP step, NCCL world size 1 (xl)", "scripts/bench_ddp.py", args, f"{out}/ddp_step-nccl1.json")
 
 
+def one_gpu_memory_steps(out: Path, model_size: str = "xl", claims_size: str = "medium", rounds: int = 6,
+                         device: str = "cuda") -> list[BenchStep]:
+    """What one GPU can still say at the handout's sizes, each figure from fresh processes.
+
+    * the sharded optimizer's accounting (optimizer_state_sharding_accounting (a)) and every
+      configuration's peak beside FSDP's (fsdp_accounting (a)) at xl, two gloo ranks sharing
+      the GPU: each rank has its own allocator, so memory does not depend on the backend;
+    * gradient_as_bucket_view and bf16-mixed on torch's DDP at world size 1 (NCCL; nothing to
+      all-reduce, so the GPU's own effects), every fit in a process of its own so that no peak
+      includes an earlier fit's leftovers; 6 rounds: the sign test's min..max interval (96.9%).
+    ``device``/sizes are parameters so that the same steps run on a CPU at tiny sizes (a dry run)."""
+    backend = "nccl" if device == "cuda" else "gloo"
+    shared = ("--device", device, "--backend", "gloo", "--world-size", "2", "--model-size", model_size,
+              "--context-length", "128", "--global-batch", "8")
+    return [
+        BenchStep("sharded optimizer accounting, two ranks sharing the GPU", "scripts/bench_sharded_optimizer.py",
+                  (*shared, "--steps", "1"), f"{out}/sharded_optimizer-{model_size}.json"),
+        BenchStep("peak memory per configuration, each in its own processes", "scripts/bench_fsdp_memory.py",
+                  (*shared, "--configurations", "ddp", "zero1", "fsdp"), f"{out}/fsdp_memory.json"),
+        BenchStep("gradient views and bf16 at world size 1, one fit per process", "scripts/bench_lightning.py",
+                  ("--device", device, "--backend", backend, "--world-size", "1", "--model-size", claims_size,
+                   "--context-length", "128", "--global-batch", "16", "--rounds", str(rounds), "--steps-per-round", "2",
+                   "--configs", "torch", "torch+views", "torch+bf16", "--fit-per-process"),
+                  f"{out}/lightning_claims-ws1.json"),
+    ]
+
+
 def claims_gpu_args(gpu_count: int) -> tuple[str, ...]:
     """The claims benchmark on GPUs: NCCL with two GPUs or more; with one, two ranks share it over
     gloo (our strategy leaves one process unwrapped, so world size 1 would compare torch's DDP with
@@ -172,7 +199,7 @@ def gpu_suite(out: Path, gpu_count: int) -> list[BenchStep]:
             naive_steps=10,
             claims=claims_gpu_args(gpu_count),
             fsdp_options=(*ddp, "--rounds", "8"),
-        ) + [nccl_rehearsal_step(out)]
+        ) + [nccl_rehearsal_step(out), *one_gpu_memory_steps(out)]
     world_sizes = [str(n) for n in (2, 4, 6) if n <= gpu_count]
     xl = ("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--global-batch", "16", "--world-size", "2")
     # xl's float32 gradients are several GB: every wrapper alive at once, each with its own

@@ -95,8 +95,21 @@ class ClaimsSetting(WorkloadSetting):
         "untimed steps at the start of each fit (bucket rebuilds, first allocations)", minimum=0))
     batchnorm_steps: int = field(default=4, metadata=cli.count(
         "steps of the BatchNorm statistics probe (sync_batchnorm on and off against one process)"))
+    configs: tuple[str, ...] = field(default=tuple(c.name for c in CONFIGS), metadata=cli.choice(
+        "configurations to fit (the claims whose two sides are both fitted are judged)",
+        [c.name for c in CONFIGS], many=True))
+    fit_per_process: bool = field(default=False, metadata=cli.switch(
+        "fit each configuration in processes of its own (fresh ranks per fit), so that no fit's peak "
+        "memory includes what an earlier fit left allocated; no BatchNorm probe"))
 
     def validate(self) -> None:
         super().validate()
         if self.rounds < 2:
             raise ValueError(f"--rounds must be >= 2 to pair configurations round by round, got {self.rounds}")
+        if not self.configs or len(set(self.configs)) != len(self.configs):
+            raise ValueError(f"--configs must name each configuration at most once, got {' '.join(self.configs)}")
+
+    @property
+    def chosen(self) -> tuple[Config, ...]:
+        """The configurations to fit, in CONFIGS' order."""
+        return tuple(c for c in CONFIGS if c.name in self.configs)
