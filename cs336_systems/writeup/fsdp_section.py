@@ -107,6 +107,16 @@ def _paired(r: FsdpStepRecord) -> Paired | None:
                                                    len(r.step_times_s))
 
 
+def _bucketed_elsewhere(machine: MachineResults, results: ResultsFile) -> tuple[float, str] | None:
+    """The step benchmark's bucketed DDP at 25 MB on the same model and batch (another run), with its file."""
+    for f in machine.runs("ddp_step"):
+        if all(f.setting.get(k) == results.setting.get(k) for k in ("model_size", "global_batch", "context_length")):
+            found = next((r for r in f.records if r.variant == "bucketed-25MB"), None)
+            if found is not None:
+                return found.median_step_s, f.source
+    return None
+
+
 def _run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> dict:
     records: list[FsdpStepRecord] = results.records
     by = {r.configuration: r for r in records}
@@ -128,7 +138,7 @@ def _run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> d
     n, psi = results.environment.world_size, records[0].n_parameters
     return dict(
         **_against_formula(by, n, psi),
-        tag=machine.tag, n=n, psi=psi, figure=figure,
+        tag=machine.tag, n=n, psi=psi, figure=figure, bucketed_elsewhere=_bucketed_elsewhere(machine, results),
         setting=fmt.workload_setting_line(results, f"{results.setting.get('rounds', '?')} rounds"),
         mode=by[FSDP].fsdp_mode if FSDP in by else None, peak={c: r.peak_bytes for c, r in by.items()},
         torch=_paired(by[TORCH_FSDP]) if TORCH_FSDP in by and FSDP in by else None,
