@@ -22,14 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.problems import TESTED_POINTS, GradeRecord
+from cs336_systems.problems import AUTO_GRADED_POINTS, GradeRecord
 from grading import report
 from cs336_systems.launch import default_device_type
 from cs336_systems.results.environment import collect_environment
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.paths import results_path
 
-PROBLEM_POINTS = TESTED_POINTS  # the handout's points of every problem the tests grade
+# The handout's points of every problem the tests grade whole (code); a measured or written
+# problem's row counts its tests but no points: no test grades its written answer.
+PROBLEM_POINTS = AUTO_GRADED_POINTS
 BEYOND = "beyond"  # our own additions: graded for pass/fail, no handout points
 PUBLIC_TEST_FILES = {
     "test_ddp_individual_parameters.py": "ddp_overlap_individual_parameters",
