@@ -128,7 +128,7 @@ def test_torch_slower_every_round_meets_the_goal_and_every_table_shows_the_run(t
     # (b) leads with its answer: the only wait lies after forward.
     assert "**(b)** **Yes**, every all-gather finished before forward needed its weights" in answer
     # (a) at the handout's xl, by the capacity library's 16 bytes per parameter: 16Ψ/2 saved.
-    assert "**(a) at the handout's xl** (Ψ = 1998M, n = 2)" in answer and "should save **15245 MB**" in answer
+    assert "**(a) at the handout's xl** (Ψ = 1998M, n = 2; 16 bytes of state per parameter" in answer and "should save **15245 MB**" in answer
     # (b): the only wait, [3.5, 3.6] s, lies after forward [0, 1.5] s.
     assert "Each from one traced step:" in answer
     assert "Our FSDP: forward 1500 ms, 0 ms waiting (every all-gather was in time)" in answer
