@@ -9,6 +9,8 @@ memory accounting sees a fresh process) and writes one results file, at the path
   FSDP options were added (about 4, 3 and 1 minutes more; not timed end to end since);
 * ``quick``: the same path with minimal sizes (a smoke check, under 3 minutes), written to
   ``writeup/results/quick/``, which the writeup ignores;
+* ``gpu-memory``: on one GPU, what it can still say at the handout's sizes, every figure from
+  fresh processes (:func:`one_gpu_memory_steps`; ``python scripts/run_benchmarks.py --suite gpu-memory``);
 * ``gpu``: with 2-6 GPUs, NCCL at the handout's settings (the xl model on 2 GPUs for the DDP
   problems, 2/4/6 GPUs for the all-reduce grid where available); with 1 GPU, gloo ranks sharing
   it (every record says so) and a rehearsal of the multi-GPU DDP runs: NCCL at world size 1 on
@@ -199,7 +201,7 @@ def gpu_suite(out: Path, gpu_count: int) -> list[BenchStep]:
             naive_steps=10,
             claims=claims_gpu_args(gpu_count),
             fsdp_options=(*ddp, "--rounds", "8"),
-        ) + [nccl_rehearsal_step(out), *one_gpu_memory_steps(out)]
+        ) + [nccl_rehearsal_step(out)]
     world_sizes = [str(n) for n in (2, 4, 6) if n <= gpu_count]
     xl = ("--device", "cuda", "--model-size", "xl", "--context-length", "128", "--global-batch", "16", "--world-size", "2")
     # xl's float32 gradients are several GB: every wrapper alive at once, each with its own
