@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cs336_systems.bench.claims.configs import CONFIGS, TORCH, ClaimsSetting, Config
+from cs336_systems.bench.claims.configs import TORCH, ClaimsSetting, Config
 from cs336_systems.bench.claims.record import ClaimsRecord
 from cs336_systems.bench.script import BenchmarkRun
 from cs336_systems.bench.step.setting import LEARNING_RATE
