@@ -45,6 +45,10 @@ def _load() -> tuple[Problem, ...]:
 PROBLEMS: tuple[Problem, ...] = _load()
 BY_NAME = {p.name: p for p in PROBLEMS}
 TESTED_POINTS = {p.name: p.points for p in PROBLEMS if p.tested}
+# What `make test` may award itself: only problems whose whole deliverable is code the tests grade.
+# A measured problem's tests check its benchmark code, not the written answer that the handout
+# grades, so its points are left to a person (as are a written problem's).
+AUTO_GRADED_POINTS = {p.name: p.points for p in PROBLEMS if p.tested and p.deliverable == CODE}
 
 
 @dataclass(frozen=True)

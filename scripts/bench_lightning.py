@@ -30,10 +30,11 @@ def build_parser() -> cli.Parser:
     return cli.Parser(ClaimsSetting, __doc__, results_kind=ClaimsRecord.KIND)
 
 
-def format_verdicts(records: list[ClaimsRecord]) -> str:
-    rows = [[v.claim.knob, v.claim.change, v.claim.claimed, v.speedup_text, v.memory_text, v.verdict]
-            for v in judge_all(records)]
-    return cli.format_table(["knob", "change", "claimed", "measured speed-up", "memory", "verdict"], rows)
+def format_verdicts(records: list[ClaimsRecord], fit_per_process: bool = False) -> str:
+    rows = [[v.claim.knob, v.claim.change, v.claim.claimed, v.speedup_text, v.memory_text, v.verdict,
+             v.memory_verdict or "-"] for v in judge_all(records, memory_evidence=fit_per_process)]
+    return cli.format_table(["knob", "change", "claimed", "measured speed-up", "memory", "verdict",
+                                   "memory verdict"], rows)
 
 
 @cli.stops_cleanly
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     setting, out = build_parser().parse_with_output(argv)
     run = run_claims_benchmark(setting)
     report = (f"{workload_line(setting, run.n_parameters, run.world_size)}; speed-up = baseline / tuned step "
-              f"time, median over rounds, 95% interval\n{format_verdicts(run.records)}\n"
+              f"time, median over rounds, 95% interval\n{format_verdicts(run.records, run.fit_per_process)}\n"
               f"BatchNorm running statistics against one process on the whole batch: {run.batchnorm}")
     return write_and_report(out, ClaimsRecord.KIND, setting, run, report)
 

@@ -22,14 +22,16 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.problems import TESTED_POINTS, GradeRecord
+from cs336_systems.problems import AUTO_GRADED_POINTS, TESTED_POINTS, GradeRecord
 from grading import report
 from cs336_systems.launch import default_device_type
 from cs336_systems.results.environment import collect_environment
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.paths import results_path
 
-PROBLEM_POINTS = TESTED_POINTS  # the handout's points of every problem the tests grade
+# The handout's points of every problem the tests grade whole (code); a measured or written
+# problem's row counts its tests but no points: no test grades its written answer.
+PROBLEM_POINTS = AUTO_GRADED_POINTS
 BEYOND = "beyond"  # our own additions: graded for pass/fail, no handout points
 PUBLIC_TEST_FILES = {
     "test_ddp_individual_parameters.py": "ddp_overlap_individual_parameters",
@@ -44,7 +46,7 @@ def problem_of(item: pytest.Item) -> str:
     marker = item.get_closest_marker("problem")
     if marker is not None:
         name = marker.args[0]
-        if name not in PROBLEM_POINTS and name != BEYOND:
+        if name not in TESTED_POINTS and name != BEYOND:
             raise pytest.UsageError(f"{item.nodeid}: unknown problem {name!r}")
         return name
     return PUBLIC_TEST_FILES.get(item.path.name, UNMARKED)

@@ -123,7 +123,12 @@ def test_torch_slower_every_round_meets_the_goal_and_every_table_shows_the_run(t
     # the sharded optimizer ("ZeRO-1" is kept for the paper's stage 1); 34 MB measured, 2 MB beyond.
     assert "= 32.0 MB against DDP and (1 − 1/n)·8Ψ = 16.0 MB against the sharded optimizer" in answer
     assert "falls from 64.0 MB (DDP) and 52.0 MB (sharded optimizer) to 30.0 MB with our FSDP: 34.0 and 22.0 MB saved" in answer
-    assert "The 2.00 MB beyond 32.0 MB: at its peak our FSDP held" in answer and "ZeRO-1" not in answer
+    assert "34.0 and 22.0 MB saved, 6.25% beyond the accounting." in answer and "ZeRO-1" not in answer
+    assert "held parameters" not in answer  # no part-by-part split of two peaks taken at different moments
+    # (b) leads with its answer: the only wait lies after forward.
+    assert "**(b)** **Yes**, every all-gather finished before forward needed its weights" in answer
+    # (a) at the handout's xl, by the capacity library's 16 bytes per parameter: 16Ψ/2 saved.
+    assert "**(a) at the handout's xl** (Ψ = 1998M, n = 2; 16 bytes of state per parameter" in answer and "should save **15245 MB**" in answer
     # (b): the only wait, [3.5, 3.6] s, lies after forward [0, 1.5] s.
     assert "Each from one traced step:" in answer
     assert "Our FSDP: forward 1500 ms, 0 ms waiting (every all-gather was in time)" in answer

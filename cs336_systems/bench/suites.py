@@ -9,6 +9,8 @@ memory accounting sees a fresh process) and writes one results file, at the path
   FSDP options were added (about 4, 3 and 1 minutes more; not timed end to end since);
 * ``quick``: the same path with minimal sizes (a smoke check, under 3 minutes), written to
   ``writeup/results/quick/``, which the writeup ignores;
+* ``gpu-memory``: on one GPU, what it can still say at the handout's sizes, every figure from
+  fresh processes (:func:`one_gpu_memory_steps`; ``python scripts/run_benchmarks.py --suite gpu-memory``);
 * ``gpu``: with 2-6 GPUs, NCCL at the handout's settings (the xl model on 2 GPUs for the DDP
   problems, 2/4/6 GPUs for the all-reduce grid where available); with 1 GPU, gloo ranks sharing
   it (every record says so) and a rehearsal of the multi-GPU DDP runs: NCCL at world size 1 on
@@ -139,6 +141,33 @@ def nccl_rehearsal_step(out: Path) -> BenchStep:
             "--context-length", "128", "--global-batch", "4", "--rebuild-each-round",
             "--rounds", "5", "--steps-per-round", "2", "--bucket-sizes-mb", "1", "10", "25", "100", "1000")
     return BenchStep("DDP step, NCCL world size 1 (xl)", "scripts/bench_ddp.py", args, f"{out}/ddp_step-nccl1.json")
+
+
+def one_gpu_memory_steps(out: Path, model_size: str = "xl", claims_size: str = "medium", rounds: int = 6,
+                         device: str = "cuda") -> list[BenchStep]:
+    """What one GPU can still say at the handout's sizes, each figure from fresh processes.
+
+    * the sharded optimizer's accounting (optimizer_state_sharding_accounting (a)) and every
+      configuration's peak beside FSDP's (fsdp_accounting (a)) at xl, two gloo ranks sharing
+      the GPU: each rank has its own allocator, so memory does not depend on the backend;
+    * gradient_as_bucket_view and bf16-mixed on torch's DDP at world size 1 (NCCL; nothing to
+      all-reduce, so the GPU's own effects), every fit in a process of its own so that no peak
+      includes an earlier fit's leftovers; 6 rounds: the sign test's min..max interval (96.9%).
+    ``device``/sizes are parameters so that the same steps run on a CPU at tiny sizes (a dry run)."""
+    backend = "nccl" if device == "cuda" else "gloo"
+    shared = ("--device", device, "--backend", "gloo", "--world-size", "2", "--model-size", model_size,
+              "--context-length", "128", "--global-batch", "8")
+    return [
+        BenchStep("sharded optimizer accounting, two ranks sharing the GPU", "scripts/bench_sharded_optimizer.py",
+                  (*shared, "--steps", "1"), f"{out}/sharded_optimizer-{model_size}.json"),
+        BenchStep("peak memory per configuration, each in its own processes", "scripts/bench_fsdp_memory.py",
+                  (*shared, "--configurations", "ddp", "zero1", "fsdp"), f"{out}/fsdp_memory.json"),
+        BenchStep("gradient views and bf16 at world size 1, one fit per process", "scripts/bench_lightning.py",
+                  ("--device", device, "--backend", backend, "--world-size", "1", "--model-size", claims_size,
+                   "--context-length", "128", "--global-batch", "16", "--rounds", str(rounds), "--steps-per-round", "2",
+                   "--configs", "torch", "torch+views", "torch+bf16", "--fit-per-process"),
+                  f"{out}/lightning_claims-ws1.json"),
+    ]
 
 
 def claims_gpu_args(gpu_count: int) -> tuple[str, ...]:

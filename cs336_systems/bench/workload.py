@@ -63,13 +63,19 @@ class Workload:
     targets: torch.Tensor  # the next token of each position
 
 
-def build_workload(ctx: RankContext, setting: WorkloadSetting) -> Workload:
+def build_workload(ctx: RankContext, setting: WorkloadSetting, init_on_device: bool = False) -> Workload:
     """The seeded model on ``ctx.device`` and this rank's rows of the seeded batch; also gives
-    the rank its share of CPU threads."""
+    the rank its share of CPU threads. ``init_on_device``: draw the initial weights on the device
+    itself (the same on every rank, other values than a CPU's draw), for runs that build a
+    billion-parameter model once per process, where the CPU's draw takes tens of seconds."""
     ctx.share_cpu_threads()
     config = setting.model_config
     torch.manual_seed(setting.seed)
-    module = TransformerLM(config).to(ctx.device)
+    if init_on_device:
+        with torch.device(ctx.device):
+            module = TransformerLM(config)
+    else:
+        module = TransformerLM(config).to(ctx.device)
     g = torch.Generator().manual_seed(setting.seed)
     data = torch.randint(0, config.vocab_size, (setting.global_batch, config.context_length + 1), generator=g)
     rows = shard_rows(setting.global_batch, ctx.rank, ctx.world_size)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, NoReturn, Sequence
 from cs336_systems.cli.checks import FOLDER_NAME, Check, Choice, Integer, Number, OutputFile
 from cs336_systems.cli.options import Option
 from cs336_systems.launch.signals import Interrupted
+from cs336_systems.results.files import LoadedMachine
 from cs336_systems.results.paths import RESULTS_ROOT, results_path
 from cs336_systems.units import MB
 
@@ -94,10 +95,14 @@ class Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+LOADED_EXIT_STATUS = 3  # a script whose run was refused for the machine's load
+
+
 def stops_cleanly(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[str] | None], int]:
     """Wrap a script's ``main``: a run stopped by SIGTERM or SIGINT (``launch.Interrupted``, raised
     after every rank has been stopped) ends with one line, ``interrupted: ...``, and the shell's
-    status for the signal, having written nothing."""
+    status for the signal, having written nothing; a run refused for the machine's load
+    (results.files.LoadedMachine) ends with one line saying so, and status 3."""
 
     @functools.wraps(main)
     def wrapper(argv: Sequence[str] | None = None) -> int:
@@ -106,6 +111,9 @@ def stops_cleanly(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequ
         except Interrupted as e:
             print(f"interrupted: {e}", file=sys.stderr)
             return e.exit_status
+        except LoadedMachine as e:
+            print(f"refused: {e}", file=sys.stderr)
+            return LOADED_EXIT_STATUS
 
     return wrapper
 

@@ -1,8 +1,12 @@
-"""What every results file records beside its numbers: the machine, the software, the commit.
+"""What every results file records beside its numbers: the machine, the software, the commit, the load.
 
 :func:`collect_environment` reads it once per run; :func:`machine_tag` names the machine's
 results folder, so that runs on different machines sit side by side instead of overwriting
-each other.
+each other. :class:`Load` is the machine's load average when the script started (read when
+this module is first imported, which every script does before it runs anything) and when its
+results were written, beside the cores the run could use: a run during which other jobs kept
+more processes runnable than there were cores timed them as much as its own code, and
+``results.files.save_results`` refuses to file it under ``writeup/results/``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,54 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MACHINE_TAG_ENV = "BENCH_MACHINE_TAG"
 _CPU_SLUG_MAX_CHARS = 40
+
+
+def _load_average() -> float:
+    """The 1-minute load average (runnable and waiting processes, os.getloadavg); -1 where unknown."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return -1.0
+
+
+def usable_cores() -> int:
+    """Logical cores this process may run on (its CPU affinity where the OS tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+_LOAD_AT_START = _load_average()  # when the script started: before any rank of the run existed
+
+
+@dataclass(frozen=True)
+class Load:
+    """The machine's load around one run, against the cores the run used."""
+
+    before: float  # 1-minute load average when the script started (-1: unknown)
+    after: float  # 1-minute load average when its results were written
+    cores: int  # logical cores the run could use (its CPU affinity)
+    processes: int  # processes the run itself kept busy (its ranks on this machine)
+
+    @property
+    def limit(self) -> int:
+        """The load the run accounts for by itself: its cores, or its own ranks where they
+        outnumber the cores (a 6-rank grid on 2 cores oversubscribes them by design)."""
+        return max(self.cores, self.processes)
+
+    @property
+    def exceeded(self) -> bool:
+        """Other jobs were runnable beside the run: its times are not evidence."""
+        return max(self.before, self.after) > self.limit
+
+    def describe(self) -> str:
+        return f"load average {self.before:.1f} before and {self.after:.1f} after, on {self.cores} cores"
+
+
+def measure_load(processes: int) -> Load:
+    """The load since this script started, for a run of ``processes`` busy processes."""
+    return Load(round(_LOAD_AT_START, 2), round(_load_average(), 2), usable_cores(), processes)
 
 
 @dataclass(frozen=True)
@@ -47,6 +99,7 @@ class Environment:
     git_commit: str | None  # None when run outside a git checkout
     git_dirty: bool | None  # uncommitted changes to code (not to writeup/) when measured
     timestamp_utc: str
+    load: Load | None = None  # None in files written before the load was recorded
 
 
 def slugify(text: str) -> str:
@@ -152,4 +205,5 @@ def collect_environment(backend: str, world_size: int, device_type: str, shared_
         git_commit=commit,
         git_dirty=dirty,
         timestamp_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        load=measure_load(world_size if device_type == "cpu" or shared_gpu else 1),
     )

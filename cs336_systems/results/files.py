@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Generic, Iterator, TypeVar
 
 from cs336_systems.results.environment import Environment
+from cs336_systems.results.paths import RESULTS_ROOT, SMOKE_PREFIX
 from cs336_systems.results.schema import Record, SchemaError, from_json, to_json
 
 R = TypeVar("R", bound=Record)
@@ -25,6 +26,20 @@ R = TypeVar("R", bound=Record)
 
 class ResultsError(ValueError):
     """A results file that cannot be read as what it claims to be."""
+
+
+class LoadedMachine(ValueError):
+    """A run taken while other jobs loaded the machine, refused a place among the results."""
+
+
+
+def _among_results(path: Path) -> bool:
+    """Whether ``path`` is a results file the writeup reads (under RESULTS_ROOT, not a smoke folder)."""
+    try:
+        relative = Path(path).resolve().relative_to(RESULTS_ROOT.resolve())
+    except ValueError:
+        return False
+    return bool(relative.parts) and not relative.parts[0].startswith(SMOKE_PREFIX)
 
 
 @dataclass
@@ -91,7 +106,16 @@ def write_results(path: Path, results: ResultsFile) -> Path:
 
 def save_results(path: Path, kind: str, setting: Any, records: list, environment: Environment,
                  notes: dict[str, Any] | None = None) -> Path:
-    """Write one run: its settings dataclass, records, environment and notes (see :func:`write_results`)."""
+    """Write one run: its settings dataclass, records, environment and notes (see :func:`write_results`).
+
+    LoadedMachine, and nothing written, for a run under ``writeup/results/`` (not a quick folder)
+    whose recorded load exceeded what its own processes account for (environment.Load): its
+    numbers would be the other jobs' as much as its own. Elsewhere (a test's folder) the run is
+    written with its load, and the writeup never reads it."""
+    load = environment.load
+    if load is not None and load.exceeded and _among_results(path):
+        raise LoadedMachine(f"not written to {path}: {load.describe()} (over {load.limit}, what this run's own "
+                            f"processes account for), so its numbers are not evidence; rerun on a quiet machine")
     return write_results(path, ResultsFile(kind, environment, to_json(setting), records, notes or {}))
 
 

@@ -26,6 +26,7 @@ KINDS = {
     "bucket_family": "cs336_systems.bench.family.record:FamilyRecord",
     "ffn_bytes": "cs336_systems.capacity.ffn_bytes:FfnBytesRecord",
     "lightning_claims": "cs336_systems.bench.claims.record:ClaimsRecord",
+    "fsdp_memory": "cs336_systems.bench.fsdp.memory:FsdpMemoryRecord",
 }
 
 

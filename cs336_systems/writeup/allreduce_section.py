@@ -120,6 +120,7 @@ def allreduce_page(ctx: RenderContext) -> Page:
             measured=len(measured), wrong=[r for r in measured if r.correct is False],
             skipped=[r for r in records if not r.measured],
             memory_skips=any((r.skip_reason or "").startswith("memory") for r in records if not r.measured),
+            memory_fraction=results.setting.get("memory_fraction", 0.5), wall_s=results.notes.get("wall_s", 0),
             answer_figure=figure and ctx.answer_image(figure, f"all-reduce time and busbw against payload on {machine.tag}")))
     missing = [s.name for s in note_gaps(ctx, BENCHMARK, "the all-reduce benchmark")]
     values = dict(runs=runs, missing=missing, details=details_link("allreduce"))

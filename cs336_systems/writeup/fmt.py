@@ -122,12 +122,20 @@ def commit(env: Environment) -> str:
     return f"commit {env.git_commit[:7]}" + (" + uncommitted changes" if env.git_dirty else "")
 
 
+def load(env: Environment) -> str:
+    """The machine's load around the run (results.environment.Load), or that it was not recorded."""
+    if env.load is None:
+        return "load not recorded"
+    over = f", over its {env.load.limit}: timings not evidence" if env.load.exceeded else ""
+    return f"load {env.load.before:.1f} before, {env.load.after:.1f} after on {env.load.cores} cores{over}"
+
+
 def setting_line(env: Environment, source: str, *, device_type: str | None = None, parts: Sequence[str] = ()) -> str:
     """One italic line naming everything a table's numbers depend on, and their file."""
     items = [hardware(env, device_type), *parts]
     if env.shared_gpu:
         items.append("gloo ranks taking turns on one GPU")
-    items += [f"torch {env.torch_version}", commit(env), f"from `{source}`"]
+    items += [load(env), f"torch {env.torch_version}", commit(env), f"from `{source}`"]
     return "*Setting: " + " · ".join(items) + ".*"
 
 

@@ -69,6 +69,7 @@ def _run(results) -> dict:
     no_slower = [r.option for r in records if r.ratio_ci95 is not None and r.ratio_ci95[1] <= 1.0]
     return dict(
         setting=fmt.workload_setting_line(results, f"{results.setting.get('rounds', '?')} rounds"),
+        n_parameters=results.notes.get("n_parameters"), backend=results.environment.backend,
         n=results.environment.world_size, tag=results.environment.machine_tag, accounting=accounting,
         moved_mismatched=[a["option"] for a in accounting if not a["moved_equal"]],
         held_gap=max((abs(a["held"] / a["held_predicted"] - 1) for a in accounting if a["held_predicted"]), default=0.0),

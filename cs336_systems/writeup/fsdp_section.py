@@ -10,7 +10,11 @@ their paired 95% interval. Words in ``templates/answers/fsdp_accounting.md.j2`` 
 
 from __future__ import annotations
 
+from cs336_basics.model import expected_parameter_count, model_config
 from cs336_systems.bench.fsdp.configurations import DESCRIPTIONS
+from cs336_systems.bench.fsdp.memory import FsdpMemoryRecord
+from cs336_systems.capacity.handout import HANDOUT_PRECISION
+from cs336_systems.capacity.memory import state_bytes_per_parameter
 from cs336_systems.bench.fsdp.formulas import DDP, FSDP, TORCH_FSDP, ZERO1
 from cs336_systems.bench.fsdp.record import ALL_GATHER, COLLECTIVES, REDUCE_SCATTER, FsdpStepRecord, FsdpTimeline
 from cs336_systems.bench.profile.timeline import merge_intervals, total_length
@@ -23,7 +27,7 @@ from cs336_systems.writeup.load import MachineResults, ResultsFile
 from cs336_systems.writeup.paired import Paired, signed_ms
 
 KIND = FsdpStepRecord.KIND
-SHOWN_PART_BYTES = 0.05 * 2**20  # parts of the saving's departure below this are not named
+HANDOUT_MODEL = "xl"  # the handout's model for fsdp_accounting
 NAMES = {DDP: "DDP", ZERO1: "sharded optimizer", FSDP: "our FSDP", TORCH_FSDP: "torch's FSDP"}
 
 
@@ -48,29 +52,69 @@ def _timeline(name: str, t: FsdpTimeline) -> dict:
 
 def _against_formula(by: dict[str, FsdpStepRecord], n: int, psi: int) -> dict:
     """Section 6's FP32 accounting against the measured peaks: what FSDP should save against DDP, and
-    where the measured saving departs from it, part by part (each part's excess at DDP's peak over
-    its formula plus its shortfall at our FSDP's peak; activations against DDP's)."""
+    how far the measured saving is from it (as a whole: the parts of two peaks taken at different
+    moments of the step hold different transient tensors, so no part-by-part split is offered)."""
     ordered = [by[c] for c in (DDP, ZERO1, FSDP, TORCH_FSDP) if c in by]
     shard = FP32_BYTES * psi / n
     out = dict(expected_saving=(1 - 1 / n) * 16 * psi, activations=[r.peak_activations_bytes for r in ordered],
-               grad_shard=shard, beyond=None,
+               grad_shard=shard, departure=None,
                partial_grads=[fmt.mb(by[c].peak_gradients_bytes) for c in (FSDP, TORCH_FSDP)
                               if c in by and by[c].peak_gradients_bytes < shard])
-    if DDP not in by or FSDP not in by:
-        return out
-    ddp, ours = by[DDP].peak_parts, by[FSDP].peak_parts
-    whole = {"parameters": FP32_BYTES * psi, "gradients": FP32_BYTES * psi, "optimizer_state": 2 * FP32_BYTES * psi}
-    diffs = {part: (ddp[part] - whole[part]) + (whole[part] / n - ours[part]) for part in whole}
-    diffs["activations"] = ddp["activations"] - ours["activations"]
-    shown = [(part.replace("_", " "), v) for part, v in diffs.items() if abs(v) >= SHOWN_PART_BYTES]
-    out["beyond"] = dict(total=sum(diffs.values()), parts=shown)
+    if DDP in by and FSDP in by:
+        out["departure"] = by[DDP].peak_bytes - by[FSDP].peak_bytes - out["expected_saving"]
     return out
+
+
+def accounting(psi: float, n: int) -> dict[str, float]:
+    """Bytes per rank of each configuration's training state by Section 6's accounting, from the
+    capacity library's per-parameter counts (the handout's FP32 weights, gradients and AdamW moments):
+    DDP holds all of it, the sharded optimizer divides the moments, FSDP divides everything."""
+    p = HANDOUT_PRECISION
+    per_parameter = state_bytes_per_parameter(p)  # 16
+    moments = p.optimizer_moments * p.optimizer_moment_bytes  # 8
+    return {DDP: per_parameter * psi, ZERO1: (per_parameter - moments) * psi + moments * psi / n,
+            FSDP: per_parameter * psi / n}
+
+
+def handout_expectation(n: int) -> dict:
+    """fsdp_accounting (a) at the handout's xl: Ψ from the model's formula, the accounting above."""
+    psi = expected_parameter_count(model_config(HANDOUT_MODEL))
+    state = accounting(psi, n)
+    return dict(psi=psi, n=n, state=state, saving=state[DDP] - state[FSDP], vs_zero1=state[ZERO1] - state[FSDP])
+
+
+def memory_runs(ctx: RenderContext) -> list[dict]:
+    """The per-process peaks (fsdp_memory.json): each configuration's largest rank, beside the accounting."""
+    runs = []
+    for machine, results in ctx.inputs.runs(FsdpMemoryRecord.KIND):
+        by = {r.configuration: r for r in results.records}
+        if not {DDP, FSDP} <= set(by) or max(by[DDP].peak_bytes) < 0:
+            continue
+        psi, n = by[DDP].n_parameters, results.environment.world_size
+        held = {c: max(r.held_after_step_bytes) for c, r in by.items()}
+        peak = {c: max(r.peak_bytes) for c, r in by.items()}
+        state = accounting(psi, n)
+        runs.append(dict(tag=machine.tag, source=results.source, model=results.setting.get("model_size"), psi=psi, n=n,
+                         setting=fmt.workload_setting_line(results, "each configuration in processes of its own"),
+                         held=held, peak=peak, state=state, names=[c for c in (DDP, ZERO1, FSDP) if c in by],
+                         transient={c: peak[c] - held[c] for c in by}))
+    return runs
 
 
 def _paired(r: FsdpStepRecord) -> Paired | None:
     interval = tuple(r.vs_fsdp_ci95_s) if r.vs_fsdp_ci95_s else None
     return None if r.vs_fsdp_s is None else Paired(NAMES[r.configuration], NAMES[FSDP], r.vs_fsdp_s, interval,
                                                    len(r.step_times_s))
+
+
+def _bucketed_elsewhere(machine: MachineResults, results: ResultsFile) -> tuple[float, str] | None:
+    """The step benchmark's bucketed DDP at 25 MB on the same model and batch (another run), with its file."""
+    for f in machine.runs("ddp_step"):
+        if all(f.setting.get(k) == results.setting.get(k) for k in ("model_size", "global_batch", "context_length")):
+            found = next((r for r in f.records if r.variant == "bucketed-25MB"), None)
+            if found is not None:
+                return found.median_step_s, f.source
+    return None
 
 
 def _run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> dict:
@@ -94,7 +138,7 @@ def _run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> d
     n, psi = results.environment.world_size, records[0].n_parameters
     return dict(
         **_against_formula(by, n, psi),
-        tag=machine.tag, n=n, psi=psi, figure=figure,
+        tag=machine.tag, n=n, psi=psi, figure=figure, bucketed_elsewhere=_bucketed_elsewhere(machine, results),
         setting=fmt.workload_setting_line(results, f"{results.setting.get('rounds', '?')} rounds"),
         mode=by[FSDP].fsdp_mode if FSDP in by else None, peak={c: r.peak_bytes for c, r in by.items()},
         torch=_paired(by[TORCH_FSDP]) if TORCH_FSDP in by and FSDP in by else None,
@@ -114,9 +158,11 @@ def fsdp_page(ctx: RenderContext) -> Page:
     missing = [s.name for s in coverage.note_gaps(ctx, KIND, "FSDP step benchmark")]
     names = dict(ddp=DDP, zero1=ZERO1, fsdp=FSDP, torch=TORCH_FSDP)
     options = options_runs(ctx)
+    memory, handout = memory_runs(ctx), handout_expectation(2)
     answer = templating.render("answers/fsdp_accounting.md.j2", runs=runs, missing=missing, c=names,
                                link=details_link("fsdp"), gaps=details_link("machines", "not-measured-here"),
-                               options=options)
+                               options=options, memory=memory, handout=handout, names=NAMES,
+                               sharded_link=details_link("optimizer_state_sharding"))
     markdown = templating.render("details/fsdp.md.j2", runs=runs, missing=missing, c=names,
                                  gaps="machines.md#not-measured-here", options=options)
     return Page("fsdp", markdown, {"fsdp_accounting": answer}, [r["figure"] for r in runs if r["figure"]])

@@ -38,11 +38,20 @@ def _machine_hardware(machine: MachineResults) -> str:
     return "; ".join(parts) or "unknown"
 
 
+def _load_summary(files) -> str:
+    """Which files recorded the machine's load, and any whose timings it disqualifies."""
+    recorded = [f for f in files if f.environment.load is not None]
+    loaded = [f"`{f.path.name if f.path else f.name}`" for f in recorded if f.environment.load.exceeded]
+    text = f"{len(recorded)} of {len(files)} files recorded it"
+    return text + (f"; over the cores in {', '.join(loaded)}: timings not evidence" if loaded else "")
+
+
 def machines_page(ctx: RenderContext) -> Page:
     """The machines, the units, unreadable files, and every gap the other pages recorded, once per setting."""
     # The commit each machine's results record (a results file names the checkout it ran from).
     rows = [[f"`{m.tag}`", _machine_hardware(m), ", ".join(f"`{name}.json`" for name in m.files) or "–",
-             "; ".join(sorted({fmt.commit(f.environment) for f in m.files.values()})) or "–"]
+             "; ".join(sorted({fmt.commit(f.environment) for f in m.files.values()})) or "–",
+             _load_summary(list(m.files.values()))]
             for m in ctx.inputs.machines]
     unreadable = [(m.tag, name, why) for m in ctx.inputs.machines for name, why in m.unreadable.items()]
     settings: dict[str, list] = {}
@@ -50,7 +59,8 @@ def machines_page(ctx: RenderContext) -> Page:
         settings.setdefault(gap.setting, []).append(gap)
     markdown = templating.render(
         "details/machines.md.j2", results=ctx.results_label,
-        machines=fmt.table(["machine tag", "hardware", "results files", "commits recorded"], rows, align="llll") if rows else None,
+        machines=fmt.table(["machine tag", "hardware", "results files", "commits recorded", "load during the run"], rows,
+                           align="lllll") if rows else None,
         unreadable=unreadable, gaps=settings)
     return Page("machines", markdown)
 

@@ -23,12 +23,21 @@ def _latest_grades(ctx: RenderContext) -> ResultsFile | None:
     return max(runs, key=lambda r: r.environment.timestamp_utc, default=None)
 
 
-def _status(grade: GradeRecord | None) -> str:
-    if grade is None or grade.total == 0:
-        return "no tests"
-    text = f"{grade.passed}/{grade.total} passed"
-    if grade.skipped:
-        text += f", {grade.skipped} skipped"
+# Section 8's answers: their formulas are read back against the capacity library, which its tests check.
+FORMULA_CHECKS = "its formulas read back by `tests/test_writeup_formulas*.py` against `cs336_systems/capacity/`, " \
+                 "which `tests/test_parallelism.py` checks"
+
+
+def _status(grade: GradeRecord | None, deliverable: str = CODE, where: tuple[str, ...] = ()) -> str:
+    """The tests' count, and for a measured or written problem that its answer is not auto-graded."""
+    text = "no tests"
+    if grade is not None and grade.total:
+        text = f"{grade.passed}/{grade.total} passed" + (f", {grade.skipped} skipped" if grade.skipped else "")
+    if deliverable == MEASURED:
+        return ("code: " + text if text != "no tests" else "code: no tests") + "; written answer not auto-graded"
+    if deliverable == WRITTEN:
+        checked = any("capacity/strategies.py" in w for w in where)
+        return "not auto-graded (a written answer)" + (f"; {FORMULA_CHECKS}" if checked else "")
     return text
 
 
@@ -62,7 +71,7 @@ def grading_page(ctx: RenderContext) -> Page:
         grade = grades.get(p.name)
         tests = ", ".join(f"`{f}`" for f in sorted(grade.files)) if grade and grade.files else "–"
         rows.append([f"[`{p.name}`](../README.md#{p.name})", p.points, p.edition, ANSWERED_BY[p.deliverable],
-                     ", ".join(f"`{w}`" for w in p.where), tests, _status(grade)])
+                     ", ".join(f"`{w}`" for w in p.where), tests, _status(grade, p.deliverable, p.where)])
     beyond = grades.get("beyond")
     setting = None
     if grades_file is not None:

@@ -40,7 +40,7 @@ def _draw_timeline(ax, title: str, timeline: StepTimeline, bottom: bool) -> None
     ax.set_ylim(-0.6, 2.6)
     ax.set_title(
         f"{title}: {timeline.overlap_fraction:.0%} of all-reduce time inside backward "
-        f"(all-reduce {timeline.communication_us * MS_PER_US:.1f} ms in {timeline.n_comm_events} calls, "
+        f"(all-reduce {timeline.communication_us * MS_PER_US:.1f} ms over {timeline.n_comm_events} profiler events, "
         f"backward {timeline.backward_us * MS_PER_US:.1f} ms)",
         fontsize=9,
         loc="left",

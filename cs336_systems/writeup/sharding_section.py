@@ -31,6 +31,17 @@ def _paired(records: list[AccountingRecord], times: str) -> Paired | None:
     return None if found is None else Paired(SHARDED, UNSHARDED, found[0], found[1], rounds)
 
 
+def _step_benchmark_naive(machine: MachineResults, results: ResultsFile) -> float | None:
+    """The median step of naive DDP in this machine's step benchmark on the same model and batch (the
+    same NaiveDDP and AdamW, another run): the answer says why the two differ."""
+    for f in machine.runs("ddp_step"):
+        same = all(f.setting.get(k) == results.setting.get(k) for k in ("model_size", "global_batch", "context_length"))
+        naive = next((r for r in f.records if r.variant == "naive"), None)
+        if same and naive is not None and f.environment.world_size == results.environment.world_size:
+            return naive.median_step_s
+    return None
+
+
 def _run(machine: MachineResults, results: ResultsFile) -> dict:
     order = {c: i for i, c in enumerate(CONFIGURATIONS)}
     records = sorted(results.records, key=lambda r: (order.get(r.configuration, len(order)), r.rank))
@@ -70,6 +81,8 @@ def _run(machine: MachineResults, results: ResultsFile) -> dict:
         step=_paired(records, "step_times_s") if both else None,
         optimizer=_paired(records, "optimizer_step_times_s") if both else None,
         medians={c: by[c][0].median_step_s for c in configs},
+        naive_elsewhere=_step_benchmark_naive(machine, results), shared_gpu=env.shared_gpu,
+        rounds=s.get("steps"), device=env.device_type,
         comm=communication_bytes_per_rank(records[0].parameter_bytes, n),
         received=[(r.rank, r.broadcast_received_bytes) for r in by[SHARDED]],
         summary=fmt.table(["configuration (MB)", *(h.removesuffix(" (MB)") for h in PART_HEADERS[:3]),

@@ -48,6 +48,11 @@ from cs336_systems.launch import RankContext, run_ranks
 from cs336_systems.zero import ShardedOptimizer
 
 
+# Draw the weights on a GPU itself: the run builds its model four times, and xl's two billion
+# weights take tens of seconds each time on a CPU. On a CPU, as always.
+_ON_DEVICE = {"cuda": True, "cpu": False}
+
+
 @dataclass(frozen=True)
 class AccountingRun(BenchmarkRun):
     """A finished run, as one process sees it: every (configuration, rank) record, configurations in
@@ -94,7 +99,7 @@ def _settle(ctx: RankContext) -> None:
 
 def _warm_up(ctx: RankContext, setting: AccountingSetting) -> None:
     """One untimed step of each configuration on a throwaway model; nothing of it survives."""
-    workload = build_workload(ctx, setting)
+    workload = build_workload(ctx, setting, init_on_device=_ON_DEVICE[ctx.device.type])
     model = NaiveDDP(workload.module)
     for configuration in CONFIGURATIONS:
         optimizer = make_optimizer(configuration, workload.module, setting)
@@ -127,7 +132,7 @@ def _measure_memory(ctx: RankContext, setting: AccountingSetting, configuration:
     live = live_tensor_bytes()
     meter.reset_peak()
     baseline = meter.read()[1] or 0
-    workload = build_workload(ctx, setting)
+    workload = build_workload(ctx, setting, init_on_device=_ON_DEVICE[ctx.device.type])
     module = workload.module
     phases = {"after_model": _phase(meter, baseline, module, None)}
     meter.reset_peak()
@@ -187,7 +192,7 @@ def _timed_step(
 
 def _time_rounds(ctx: RankContext, setting: AccountingSetting) -> dict[str, tuple[list[float], list[float]]]:
     """Per configuration: (step times, optimizer-step times), slowest rank, one per timed round."""
-    workload = build_workload(ctx, setting)
+    workload = build_workload(ctx, setting, init_on_device=_ON_DEVICE[ctx.device.type])
     model = NaiveDDP(workload.module)
     # Both optimizers update the one model: step times do not depend on the values.
     optimizers = {c: make_optimizer(c, workload.module, setting) for c in CONFIGURATIONS}

@@ -1,4 +1,4 @@
-"""The tuning guides' DDP claims, measured through PyTorch Lightning (issue 32).
+"""The tuning guides' DDP claims, measured through PyTorch Lightning.
 
 * configs.py   the configurations: each knob on and off, on torch's DDP (Lightning's
                ``DDPStrategy``) and on ours (``CS336DDPStrategy``), and the claims they test

@@ -1,13 +1,14 @@
 """What the claims benchmark times: a configuration per knob setting, on both implementations.
 
-A typical guide's table (issue 32) says, of Lightning's ``DDPStrategy`` (torch's DDP):
+A typical tuning guide's table says, of Lightning's ``DDPStrategy`` (torch's DDP):
 ``gradient_as_bucket_view`` false -> true is 10-20% faster and uses 20-30% less memory;
 ``bucket_cap_mb`` 25 -> 50 (100M-1B parameters) or 100 (above 1B) is 5-10% faster on large
 models; ``static_graph`` false -> true is 5-10% faster when the graph never changes;
-``sync_batchnorm`` is needed for correct BatchNorm statistics; ``precision="bf16-mixed"`` is about
-2x faster on GPUs that support it. Each :class:`Claim` pairs the configuration a guide starts
-from with the one it recommends, on the same implementation, so that the claim is judged on
-the ratio of their step times in the same round.
+``sync_batchnorm`` is needed for correct BatchNorm statistics; ``precision="bf16-mixed"`` is
+50-100% faster on GPUs that support it. Each :class:`Claim` pairs the configuration a guide
+starts from with the one it recommends, on the same implementation, so that the claim is judged
+on the ratio of their step times in the same round. Ours against torch's DDP is judged by the
+same rule, against a claimed gain of 1.0 ("no slower").
 """
 
 from __future__ import annotations
@@ -77,10 +78,10 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("bucket_cap_mb (ours)", "25 -> 100", "5-10% faster above 1B parameters", "ours", "ours+100MB",
           (1.05, 1.10)),
     Claim("static_graph", "false -> true", "5-10% faster", "torch", "torch+static", (1.05, 1.10)),
-    Claim("precision", "32-true -> bf16-mixed", "about 2x faster", "torch", "torch+bf16", (1.8, 2.2)),
-    Claim("precision (ours)", "32-true -> bf16-mixed", "about 2x faster", "ours", "ours+bf16", (1.8, 2.2)),
+    Claim("precision", "32-true -> bf16-mixed", "50-100% faster", "torch", "torch+bf16", (1.5, 2.0)),
+    Claim("precision (ours)", "32-true -> bf16-mixed", "50-100% faster", "ours", "ours+bf16", (1.5, 2.0)),
     Claim("ours against torch's DDP", "DDPStrategy -> CS336DDPStrategy(bucketed, 25 MB)",
-          "no slower (issue 32)", "torch", "ours", (1.0, 1.0)),
+          "no slower", "torch", "ours", (1.0, 1.0)),
 )
 
 
@@ -95,8 +96,21 @@ class ClaimsSetting(WorkloadSetting):
         "untimed steps at the start of each fit (bucket rebuilds, first allocations)", minimum=0))
     batchnorm_steps: int = field(default=4, metadata=cli.count(
         "steps of the BatchNorm statistics probe (sync_batchnorm on and off against one process)"))
+    configs: tuple[str, ...] = field(default=tuple(c.name for c in CONFIGS), metadata=cli.choice(
+        "configurations to fit (the claims whose two sides are both fitted are judged)",
+        [c.name for c in CONFIGS], many=True))
+    fit_per_process: bool = field(default=False, metadata=cli.switch(
+        "fit each configuration in processes of its own (fresh ranks per fit), so that no fit's peak "
+        "memory includes what an earlier fit left allocated; no BatchNorm probe"))
 
     def validate(self) -> None:
         super().validate()
         if self.rounds < 2:
             raise ValueError(f"--rounds must be >= 2 to pair configurations round by round, got {self.rounds}")
+        if not self.configs or len(set(self.configs)) != len(self.configs):
+            raise ValueError(f"--configs must name each configuration at most once, got {' '.join(self.configs)}")
+
+    @property
+    def chosen(self) -> tuple[Config, ...]:
+        """The configurations to fit, in CONFIGS' order."""
+        return tuple(c for c in CONFIGS if c.name in self.configs)

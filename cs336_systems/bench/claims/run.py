@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from cs336_systems.bench.claims.configs import CONFIGS, TORCH, ClaimsSetting, Config
+from cs336_systems.bench.claims.configs import TORCH, ClaimsSetting, Config
 from cs336_systems.bench.claims.record import ClaimsRecord
 from cs336_systems.bench.script import BenchmarkRun
 from cs336_systems.bench.step.setting import LEARNING_RATE
@@ -43,10 +43,12 @@ RUN_TIMEOUT_S = 3600
 class ClaimsRun(BenchmarkRun):
     n_parameters: int = 0
     batchnorm: dict[str, Any] | None = None  # batchnorm_deviation's figures, or {"error": why not}
+    fit_per_process: bool = False  # every fit had processes of its own (run_fits_per_process)
 
     @property
     def notes(self) -> dict[str, Any]:
-        return {"n_parameters": self.n_parameters, "batchnorm": self.batchnorm}
+        return {"n_parameters": self.n_parameters, "batchnorm": self.batchnorm,
+                "fit_per_process": self.fit_per_process}
 
 
 def _quiet_lightning() -> None:
@@ -131,8 +133,10 @@ def _timer(ctx: RankContext, warmup: int, times: list[float], peaks: list[int]) 
 
 
 def _fit_config(ctx: RankContext, setting: ClaimsSetting, config: Config, times: list[float], peaks: list[int]) -> int:
-    """One fit of ``config``; appends its timed steps and peak; returns the parameter count."""
-    work = build_workload(ctx, setting)
+    """One fit of ``config``; appends its timed steps and peak; returns the parameter count. With
+    a fresh process per fit, the weights are drawn on the device (a process start per fit is
+    enough cost)."""
+    work = build_workload(ctx, setting, init_on_device=setting.fit_per_process)
     steps = setting.warmup_steps + setting.steps_per_round
     data = TensorDataset(work.tokens.repeat(steps, 1), work.targets.repeat(steps, 1))
     loader = DataLoader(data, batch_size=work.tokens.shape[0])
@@ -199,8 +203,9 @@ def batchnorm_deviation(ctx: RankContext, steps: int) -> dict[str, float]:
 def _claims_rank(ctx: RankContext, setting: ClaimsSetting) -> ClaimsRun:
     _quiet_lightning()
     ctx.share_cpu_threads()
-    times: dict[str, list[float]] = {c.name: [] for c in CONFIGS}
-    peaks: dict[str, list[int]] = {c.name: [] for c in CONFIGS}
+    chosen = setting.chosen
+    times: dict[str, list[float]] = {c.name: [] for c in chosen}
+    peaks: dict[str, list[int]] = {c.name: [] for c in chosen}
     n_parameters = 0
     # First, so that a backend that cannot run it says so in seconds (its error is recorded, not raised:
     # the timing rounds do not depend on it).
@@ -209,12 +214,12 @@ def _claims_rank(ctx: RankContext, setting: ClaimsSetting) -> ClaimsRun:
     except (RuntimeError, ValueError) as e:
         batchnorm = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     for r in range(setting.rounds):
-        shift = r % len(CONFIGS)
-        for config in CONFIGS[shift:] + CONFIGS[:shift]:
+        shift = r % len(chosen)
+        for config in chosen[shift:] + chosen[:shift]:
             n_parameters = _fit_config(ctx, setting, config, times[config.name], peaks[config.name])
     small = small_tensor_device(ctx.device, ctx.backend)
     records = []
-    for config in CONFIGS:
+    for config in chosen:
         peak = [int(p) for p in slowest_rank(peaks[config.name], small)] if peaks[config.name] else None
         records.append(ClaimsRecord(config.name, config.implementation, config.kwargs, config.precision,
                                     slowest_rank(times[config.name], small), setting.steps_per_round, peak))
@@ -222,9 +227,52 @@ def _claims_rank(ctx: RankContext, setting: ClaimsSetting) -> ClaimsRun:
                      n_parameters=n_parameters, batchnorm=batchnorm)
 
 
+def _one_fit_rank(ctx: RankContext, setting: ClaimsSetting, config: Config) -> tuple[list[float], int | None, int]:
+    """A process's only fit: its timed steps (the slowest rank's), its peak (the largest rank's;
+    None without allocator statistics) and the parameter count."""
+    _quiet_lightning()
+    times: list[float] = []
+    peaks: list[int] = []
+    n_parameters = _fit_config(ctx, setting, config, times, peaks)
+    small = small_tensor_device(ctx.device, ctx.backend)
+    peak = int(slowest_rank(peaks, small)[0]) if peaks else None
+    return slowest_rank(times, small), peak, n_parameters
+
+
+def run_fits_per_process(setting: ClaimsSetting) -> ClaimsRun:
+    """The rounds with every fit in ranks of its own, spawned here (``--fit-per-process``).
+
+    ``torch.cuda.reset_peak_memory_stats`` resets the high-water mark to what is allocated now, so
+    fits sharing a process report peaks that include whatever earlier fits left allocated (the
+    caching allocator's blocks in use by leftovers, Lightning's references); a fresh process per fit
+    starts from nothing. Costs a process start and an import of Lightning per fit.
+    """
+    setting.validate()
+    chosen = setting.chosen
+    times: dict[str, list[float]] = {c.name: [] for c in chosen}
+    peaks: dict[str, list[int]] = {c.name: [] for c in chosen}
+    n_parameters = 0
+    for r in range(setting.rounds):
+        shift = r % len(chosen)
+        for config in chosen[shift:] + chosen[:shift]:
+            fit_times, peak, n_parameters = run_ranks(
+                _one_fit_rank, setting.world_size, args=(setting, config), backend=setting.backend,
+                device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S)[0]
+            times[config.name] += fit_times
+            if peak is not None:
+                peaks[config.name].append(peak)
+    records = [ClaimsRecord(c.name, c.implementation, c.kwargs, c.precision, times[c.name], setting.steps_per_round,
+                            peaks[c.name] or None) for c in chosen]
+    return ClaimsRun(records=records, world_size=setting.world_size,
+                     shared_gpu=setting.device == "cuda" and setting.world_size > 1 and setting.backend_name == "gloo",
+                     rank=0, n_parameters=n_parameters, batchnorm=None, fit_per_process=True)
+
+
 def run_claims_benchmark(setting: ClaimsSetting) -> ClaimsRun:
     """Spawn the ranks here, or be one rank under torchrun/SLURM; every rank returns the same figures."""
     setting.validate()
+    if setting.fit_per_process:
+        return run_fits_per_process(setting)
     results = run_ranks(_claims_rank, setting.world_size, args=(setting,), backend=setting.backend,
                         device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S)
     return results[0]

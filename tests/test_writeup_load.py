@@ -1,0 +1,69 @@
+"""Results taken on a loaded machine: recorded, refused a place among the results, marked on the pages.
+
+Every results file records the machine's load (results.environment.Load). ``save_results``
+refuses to write a run into the committed results folder when the load exceeded what the run's
+own processes account for, with one line naming the load; into any other folder (a test's) it
+writes the run with its load. The setting line of every page says the load, and that a loaded
+run's timings are not evidence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from cs336_systems.bench.claims import ClaimsRecord, ClaimsSetting
+from cs336_systems.results.environment import REPO_ROOT, Load, measure_load
+from cs336_systems.results.files import LoadedMachine, save_results
+from cs336_systems.results.kinds import read_any
+from cs336_systems.results.paths import RESULTS_ROOT
+from cs336_systems.writeup import fmt
+
+from .test_writeup_allreduce import environment
+
+pytestmark = pytest.mark.problem("beyond")
+
+LOADED = Load(before=19.8, after=20.4, cores=2, processes=2)
+QUIET = Load(before=0.3, after=2.0, cores=2, processes=2)
+
+
+def _record() -> ClaimsRecord:
+    return ClaimsRecord("torch", "lightning-ddp", {}, "32-true", [0.2, 0.2], 1, None)
+
+
+def test_load_exceeds_only_beyond_the_runs_own_processes():
+    assert LOADED.exceeded and not QUIET.exceeded
+    assert not Load(before=0.1, after=5.9, cores=2, processes=6).exceeded  # a 6-rank grid on 2 cores
+    assert Load(before=3.1, after=0.5, cores=2, processes=2).exceeded  # others ran before it started
+    assert measure_load(2).cores >= 1 and measure_load(2).processes == 2
+
+
+def test_a_loaded_run_is_refused_among_the_results_and_written_elsewhere(tmp_path):
+    env = dataclasses.replace(environment(), load=LOADED)
+    committed = RESULTS_ROOT / "cpu2-test-loaded" / "lightning_claims.json"
+    with pytest.raises(LoadedMachine, match=r"load average 19\.8 before and 20\.4 after, on 2 cores"):
+        save_results(committed, ClaimsRecord.KIND, ClaimsSetting(), [_record()], env)
+    assert not committed.exists() and not committed.parent.exists()
+    elsewhere = save_results(tmp_path / "lightning_claims.json", ClaimsRecord.KIND, ClaimsSetting(), [_record()], env)
+    assert read_any(elsewhere).environment.load == LOADED  # recorded, and read back as a Load
+
+
+def test_the_setting_line_says_the_load_and_whether_timings_are_evidence():
+    assert "load 0.3 before, 2.0 after on 2 cores ·" in fmt.setting_line(
+        dataclasses.replace(environment(), load=QUIET), "x/y.json")
+    assert "over its 2: timings not evidence" in fmt.setting_line(
+        dataclasses.replace(environment(), load=LOADED), "x/y.json")
+    assert "load not recorded" in fmt.setting_line(environment(), "x/y.json")
+
+
+def test_a_refused_script_ends_with_one_line_and_status_3(tmp_path, monkeypatch):
+    """The CLI dialect: a script whose save is refused prints one line (no traceback)."""
+    code = ("import sys; from cs336_systems import cli; from cs336_systems.results.files import LoadedMachine\n"
+            "@cli.stops_cleanly\ndef main(argv=None):\n    raise LoadedMachine('not written to x: load')\n"
+            "sys.exit(main())")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3
+    assert done.stderr.strip().splitlines() == ["refused: not written to x: load"]
