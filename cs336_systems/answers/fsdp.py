@@ -41,8 +41,8 @@ class _Layer:
         full = module.weight.detach()
         rows, world_size = full.shape[0], fsdp.world_size
         if rows % world_size:
-            raise ValueError(f"{type(module).__name__} weight of shape {tuple(full.shape)}: its {rows} rows do not "
-                             f"split evenly over world size {world_size} (this answer shards whole, equal row blocks)")
+            raise ValueError(f"{type(module).__name__} weight of shape {tuple(full.shape)}: {rows} rows does not divide "
+                             f"{world_size} ranks evenly (this answer gives each rank an equal block of rows)")
         self.full_shape = full.shape
         shard = full.chunk(world_size)[fsdp.rank].clone()  # a copy: the full weight is freed below
         module.weight = nn.Parameter(shard)  # what named_parameters() and the optimizer now see
