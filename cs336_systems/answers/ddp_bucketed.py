@@ -51,7 +51,7 @@ class DDPBucketed(nn.Module):
             param.register_post_accumulate_grad_hook(self._on_gradient_ready)
 
     def _reset(self) -> None:
-        """Before each backward: no gradient ready, nothing in flight."""
+        """Before each step's backward: no gradient ready, nothing in flight."""
         self.waiting = [len(bucket) for bucket in self.buckets]  # gradients each bucket still needs
         self.in_flight: list[tuple[torch.Tensor, dist.Work] | None] = [None] * len(self.buckets)
 
@@ -65,6 +65,7 @@ class DDPBucketed(nn.Module):
             self.in_flight[i] = (flat, dist.all_reduce(flat, async_op=True))
 
     def forward(self, *inputs, **kwargs):
+        self._reset()  # a new step: forget a backward whose gradients were never finished
         return self.module(*inputs, **kwargs)
 
     def finish_gradient_synchronization(self) -> None:
@@ -85,8 +86,4 @@ class DDPBucketed(nn.Module):
             grads = [p.grad for p in bucket]
             for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads)):
                 grad.copy_(averaged)
-        self._reset()
-
-    def on_train_batch_start(self) -> None:
-        """The start of a step: forget a backward whose gradients were never finished."""
         self._reset()
