@@ -104,3 +104,26 @@ def test_every_mapped_mutant_still_applies_and_parses(tmp_path, name, edits):
                 ast.parse(path.read_text())
         else:
             ast.parse(path.read_text())
+
+
+@pytest.mark.timeout(300)
+def test_the_step_benchmark_times_every_technique_three_ways(tmp_path):
+    """One round of the tiny LM (make bench runs 8 of cpu-small) through the script: a record per
+    (technique, implementation), each but the library's paired with the library's, read back
+    from answers_step.json."""
+    from cs336_systems.bench.answers import AnswersStepRecord
+    from cs336_systems.bench.answers.run import IMPLEMENTATIONS, TECHNIQUES
+    from cs336_systems.results.kinds import read_any
+
+    out = tmp_path / "answers_step.json"
+    done = subprocess.run([sys.executable, "scripts/bench_answers.py", "--model-size", "tiny", "--context-length", "16",
+                           "--rounds", "1", "--warmup-steps", "0", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = read_any(out)
+    assert results.kind == AnswersStepRecord.KIND
+    records = results.records
+    assert [(r.technique, r.implementation) for r in records] == [(t, i) for t in TECHNIQUES for i in IMPLEMENTATIONS]
+    for r in records:
+        assert len(r.step_times_s) == 1 and r.median_step_s > 0
+        assert (r.vs_library_s is None) == (r.implementation == "library")

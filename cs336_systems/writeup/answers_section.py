@@ -13,6 +13,7 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
+from cs336_systems.bench.answers.record import AnswersStepRecord
 from cs336_systems.writeup import fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext
 
@@ -103,8 +104,10 @@ def answers_page(ctx: RenderContext) -> Page:
         places = [_place(w) for w in row.where]
         rows.append([f"`{row.name}`", row.situation, row.answer, "; ".join(p for p, _ in places),
                      sum(n for _, n in places)])
-    steps = [dict(tag=machine.tag, table=_step_table(results), setting=fmt.setting_line(results.environment, results.source))
-             for machine, results in ctx.inputs.runs("answers_step")]
+    steps = [dict(tag=machine.tag, table=_step_table(results), setting=fmt.setting_line(
+        results.environment, results.source, parts=[f"backend {results.environment.backend}",
+                                                    f"world size {results.environment.world_size}"]))
+             for machine, results in ctx.inputs.runs(AnswersStepRecord.KIND)]
     markdown = templating.render(
         "details/from_answer_to_library.md.j2",
         sizes=fmt.table(["answer", "lines", "the library's files for it", "their lines"], sizes, align="lrlr"),
@@ -115,7 +118,14 @@ def answers_page(ctx: RenderContext) -> Page:
 
 
 def _step_table(results) -> str:
-    records = results.records
-    return fmt.table(["technique", "implementation", "median step", "95% interval", "rounds"],
-                     [[r.technique, r.implementation, fmt.ms(r.median_step_s), fmt.ms_interval(r.interval_s), r.rounds]
-                      for r in records], align="llrrr")
+    """One row per (technique, implementation); the difference from the library is per round, paired."""
+    def vs(r) -> str:
+        if r.vs_library_s is None:
+            return "–"
+        verdict = "" if not r.vs_library_ci95_s or r.vs_library_ci95_s[0] <= 0 <= r.vs_library_ci95_s[1] else " *"
+        return f"{fmt.ms(r.vs_library_s)} ({fmt.ms_interval(r.vs_library_ci95_s)}){verdict}"
+
+    return fmt.table(["technique", "implementation", "median step (ms)", "95% interval", "minus the library's (ms, 95%)",
+                      "rounds"],
+                     [[r.technique, r.implementation, fmt.ms(r.median_step_s), fmt.ms_interval(r.median_ci95_s), vs(r),
+                       len(r.step_times_s)] for r in results.records], align="llrrrr")
