@@ -127,3 +127,50 @@ def test_the_step_benchmark_times_every_technique_three_ways(tmp_path):
     for r in records:
         assert len(r.step_times_s) == 1 and r.median_step_s > 0
         assert (r.vs_library_s is None) == (r.implementation == "library")
+
+
+def _fsdp_collectives(ctx) -> dict:
+    """Rank function: the answer's all-gathers in forward and in backward, and what it holds after."""
+    import torch
+    import torch.distributed as dist
+
+    from cs336_systems.answers.fsdp import FSDP
+    from tests.answer_vs_library import LM
+
+    model = FSDP(LM())  # vocabulary 12, d_model 6, d_ff 12: every weight's rows divide 2 ranks
+    gathered: list[str] = []
+    original = dist.all_gather_into_tensor
+
+    def all_gather(out, shard, *args, **kwargs):
+        gathered.append("backward" if phase == ["backward"] else "forward")
+        return original(out, shard, *args, **kwargs)
+
+    phase = ["forward"]
+    dist.all_gather_into_tensor = all_gather
+    try:
+        ids = torch.randint(0, 12, (2, 5), generator=torch.Generator().manual_seed(ctx.rank))
+        out = model(ids)
+        phase[0] = "backward"
+        out.float().pow(2).mean().backward()
+    finally:
+        dist.all_gather_into_tensor = original
+    model.finish_gradient_synchronization()
+    shards = {n: (tuple(p.shape), tuple(p.grad.shape), str(p.grad.dtype)) for n, p in model.module.named_parameters()}
+    return {"forward": gathered.count("forward"), "backward": gathered.count("backward"), "shards": shards,
+            "weights_left": [n for n, m in model.module.named_modules() if "weight" in m.__dict__]}
+
+
+@pytest.mark.timeout(120)
+def test_the_fsdp_answer_gathers_for_forward_and_again_for_backward_and_keeps_only_shards():
+    """The handout's FSDP, observed: each of the 4 sharded layers is all-gathered once in forward;
+    the 3 Linears again in backward (their input gradients need the weight; the Embedding's does
+    not), so no full weight is kept from forward to backward; between steps each rank holds its
+    half of every Linear/Embedding weight, with a float32 gradient of the same shape."""
+    from cs336_systems.launch import launch
+
+    for rank, seen in enumerate(launch(_fsdp_collectives, 2)):
+        assert (seen["forward"], seen["backward"]) == (4, 3), f"rank {rank}: {seen}"
+        assert seen["weights_left"] == [], f"rank {rank}: gathered weights still attached to {seen['weights_left']}"
+        assert seen["shards"]["embedding.weight"] == ((6, 6), (6, 6), "torch.float32")
+        assert seen["shards"]["down.weight"] == ((3, 12), (3, 12), "torch.float32")
+        assert seen["shards"]["norm.gain"] == ((6,), (6,), "torch.float32")  # replicated
