@@ -7,9 +7,29 @@
     dst/tests/__init__.py, dst/tests/adapters.py  the handout's adapters, importing the answers'
     dst/cs336-basics/cs336_basics/              the course's model (Linear, Embedding, RMSNorm)
 
-so that ``python -m grading dst`` grades the answers as it grades any submission. The grader's
-tests mutate a correct submission into wrong ones (tests/test_grading*.py); ``ANSWER_MUTANTS``
-is each of those edits made to the answers instead, and ``apply_mutant`` applies one.
+so that ``python -m grading dst`` grades the answers as it grades any submission
+(``python -m tests.answers_fixture DST`` builds it from the command line). The grader's tests
+mutate a correct submission into wrong ones (tests/test_grading*.py): ``ANSWER_MUTANTS``
+(test_grading.py's MUTANTS), ``ANSWER_EDITS`` (test_grading_rubric.py's EDITS),
+``ANSWER_ZERO_INIT`` and ``ANSWER_FILES`` (test_grading_probe_forgeries.py's) are the same bugs
+written into the answers; ``apply_mutant`` and ``apply_edits`` make them.
+
+What changes for the grader's tests when they build from here instead of tests/fixtures/submission
+(checked by running them with these substitutions; every other expectation holds as it is):
+
+* test_grading.py, "syntax": one problem per file now: broken (PER_PARAMETER,) (the bucketed answer
+  is another file), reason "cs336_systems/answers/ddp_overlap_individual_parameters.py:10:
+  SyntaxError: invalid syntax";
+* test_grading.py, "import_error": reason "cs336_systems/answers/sharded_optimizer.py:13:
+  ModuleNotFoundError: No module named 'cs336_systems.helpers'";
+* test_grading.py, "refuses_uneven": no edit: the answer refuses uneven shards itself ("... 37 rows
+  does not divide 3 ranks evenly ...");
+* test_missing_adapters_file_scores_zero_without_running: also unlink
+  cs336_systems/answers/adapters.py, or the grader's search for an adapters file finds it;
+* test_double_forked_sleeper_is_gone_after_grading: the file is cs336_systems/answers/sharded_optimizer.py;
+* test_grading_probe_forgeries.py: ZERO_INIT -> ANSWER_ZERO_INIT; ``forged(files=...)`` writes each
+  file to every path of ANSWER_FILES; the global's name becomes
+  "largest: global cs336_systems.answers.sharded_optimizer._INNER[".
 """
 
 from __future__ import annotations
@@ -169,3 +189,11 @@ def apply_edits(tree: Path, name: str, edits: list[tuple[str, str, str]]) -> Pat
 def apply_mutant(tree: Path, mutant: str) -> Path:
     """Make one of ANSWER_MUTANTS' edits in a tree built by build_answers_submission."""
     return apply_edits(tree, mutant, ANSWER_MUTANTS[mutant])
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m tests.answers_fixture DST  (DST must not exist)")
+    print(build_answers_submission(Path(sys.argv[1])))
