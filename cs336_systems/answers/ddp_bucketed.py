@@ -76,7 +76,9 @@ class DDPBucketed(nn.Module):
             if work is not None:
                 work[1].wait()  # every rank waits for what it launched before saying anything
         if unlaunched:
-            # Every rank computes the same graph, so every rank raises here alike (no hang).
+            # A layer no rank used leaves its bucket unlaunched everywhere, so every rank raises
+            # here alike; one used by some ranks only would hang the others (the library handles
+            # both: writeup/details/from_answer_to_library.md).
             i = unlaunched[0]
             raise RuntimeError(
                 f"bucket {i} was never all-reduced: {self.waiting[i]} of its {len(self.buckets[i])} "
