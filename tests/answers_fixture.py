@@ -27,6 +27,9 @@ What changes for the grader's tests when they build from here instead of tests/f
 * test_missing_adapters_file_scores_zero_without_running: also unlink
   cs336_systems/answers/adapters.py, or the grader's search for an adapters file finds it;
 * test_double_forked_sleeper_is_gone_after_grading: the file is cs336_systems/answers/sharded_optimizer.py;
+* test_course_grading.py, test_run_autograder_grades_in_gradescopes_layout_as_make_grade_does: the
+  answers get every point (35/35) but fail the uneven-shards check beyond the handout (0 points),
+  so "no test failed" must read "no graded test failed";
 * test_grading_probe_forgeries.py: ZERO_INIT -> ANSWER_ZERO_INIT; ``forged(files=...)`` writes each
   file to every path of ANSWER_FILES; the global's name becomes
   "largest: global cs336_systems.answers.sharded_optimizer._INNER[".
