@@ -2,10 +2,19 @@
 
 Names and parameter names follow that suite exactly (it passes some arguments by keyword);
 ``tests/adapters.py`` re-exports everything here so its test files run unchanged.
+
+One switch, the environment variable ``CS336_IMPL``, picks what the handout's adapters call:
+
+    CS336_IMPL=library  (the default) this repository's library: ddp/, zero/, fsdp/
+    CS336_IMPL=answers  the one-file answers in cs336_systems/answers/ (read those first)
+
+e.g. ``CS336_IMPL=answers .venv/bin/pytest tests/test_ddp.py``. The adapters beyond the handout
+(get_ddp_flat, get_fsdp_exact) always call the library; get_ddp_naive follows the switch.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterable
 
 import torch
@@ -112,3 +121,24 @@ def get_sharded_optimizer(
 ) -> torch.optim.Optimizer:
     """An optimizer that keeps only this rank's shard of ``optimizer_cls``'s state (ZeRO-1)."""
     return ShardedOptimizer(params, optimizer_cls, **kwargs)
+
+
+IMPLEMENTATIONS = ("library", "answers")
+IMPL = os.environ.get("CS336_IMPL", "library")
+if IMPL not in IMPLEMENTATIONS:
+    raise ValueError(f"CS336_IMPL must be one of {IMPLEMENTATIONS}, got {IMPL!r}")
+if IMPL == "answers":
+    from cs336_systems.answers.adapters import (  # noqa: E402, F811 (the switch: these replace the above)
+        ddp_bucketed_on_after_backward,
+        ddp_bucketed_on_train_batch_start,
+        ddp_individual_parameters_on_after_backward,
+        ddp_on_after_backward,
+        fsdp_gather_full_params,
+        fsdp_on_after_backward,
+        get_ddp,
+        get_ddp_bucketed,
+        get_ddp_individual_parameters,
+        get_ddp_naive,
+        get_fsdp,
+        get_sharded_optimizer,
+    )

@@ -54,6 +54,7 @@ def _steps_for(
     naive_steps: int,
     claims: tuple[str, ...],
     fsdp_options: tuple[str, ...] | None = None,
+    answers: tuple[str, ...] | None = None,
 ) -> list[BenchStep]:
     steps = [
         BenchStep("all-reduce grid", "scripts/bench_allreduce.py", allreduce, f"{out}/allreduce.json"),
@@ -74,6 +75,8 @@ def _steps_for(
                   f"{out}/lightning_claims.json"),
         *([BenchStep("FSDP options beside torch's fully_shard", "scripts/bench_fsdp_options.py", fsdp_options,
                      f"{out}/fsdp_options.json")] if fsdp_options is not None else []),
+        *([BenchStep("the answers beside the library and torch", "scripts/bench_answers.py", answers,
+                     f"{out}/answers_step.json")] if answers is not None else []),
         # Section 8's bytes per rank: gloo on the CPUs wherever the suite runs (seconds; no GPU needed).
         BenchStep("section 8 FFN: bytes each rank sends", "scripts/measure_ffn_bytes.py", (), f"{out}/ffn_bytes.json"),
     ]
@@ -106,6 +109,8 @@ def cpu_suite(out: Path) -> list[BenchStep]:
         # The tiny LM: twelve (option, side) pairs per round, sixteen rounds: 4 minutes on this
         # 2-core machine while other jobs held a load average near 20.
         fsdp_options=(*FSDP_OPTIONS_TINY, "--rounds", "16"),
+        # Twelve configurations a round (four techniques, three implementations each).
+        answers=(*CPU_DDP, "--rounds", "8"),
     ) + [fsdp_hybrid_step(out)]
 
 
@@ -132,6 +137,7 @@ def quick_suite(out: Path) -> list[BenchStep]:
         naive_steps=3,
         claims=(*tiny, "--global-batch", "4", "--rounds", "2", "--steps-per-round", "1", "--batchnorm-steps", "2"),
         fsdp_options=(*FSDP_OPTIONS_TINY, "--rounds", "2"),
+        answers=(*tiny, "--global-batch", "4", "--rounds", "2"),
     )
 
 

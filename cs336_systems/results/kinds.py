@@ -20,6 +20,7 @@ KINDS = {
     "profile": "cs336_systems.bench.profile.record:ProfileRecord",
     "sharded_optimizer": "cs336_systems.bench.accounting.record:AccountingRecord",
     "fsdp_step": "cs336_systems.bench.fsdp.record:FsdpStepRecord",
+    "answers_step": "cs336_systems.bench.answers.record:AnswersStepRecord",
     "fsdp_options": "cs336_systems.bench.fsdp.options_run:FsdpOptionRecord",
     "doctor": "cs336_systems.doctor.report:DoctorReport",
     "grades": "cs336_systems.problems:GradeRecord",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from cs336_systems.writeup import fmt, templating
 from cs336_systems.writeup.ablation_section import ablation_page
 from cs336_systems.writeup.allreduce_section import allreduce_page
+from cs336_systems.writeup.answers_section import answers_page
 from cs336_systems.writeup.communication_accounting_section import communication_accounting_page
 from cs336_systems.writeup.context import Page, PageFn, RenderContext
 from cs336_systems.writeup.ddp_sections import ddp_step_page
@@ -67,6 +68,7 @@ def machines_page(ctx: RenderContext) -> Page:
 
 PAGES: list[PageFn] = [
     grading_page,
+    answers_page,
     allreduce_page,
     naive_ddp_page,
     ddp_step_page,

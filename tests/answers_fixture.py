@@ -1,0 +1,202 @@
+"""The answers (cs336_systems/answers/) as a student's submission, for the grader to grade.
+
+``build_answers_submission(dst)`` lays out the tree a student hands in:
+
+    dst/cs336_systems/__init__.py
+    dst/cs336_systems/answers/*.py              copied from this repository, the one copy
+    dst/tests/__init__.py, dst/tests/adapters.py  the handout's adapters, importing the answers'
+    dst/cs336-basics/cs336_basics/              the course's model (Linear, Embedding, RMSNorm)
+
+so that ``python -m grading dst`` grades the answers as it grades any submission
+(``python -m tests.answers_fixture DST`` builds it from the command line). The grader's tests
+mutate a correct submission into wrong ones (tests/test_grading*.py): ``ANSWER_MUTANTS``
+(test_grading.py's MUTANTS), ``ANSWER_EDITS`` (test_grading_rubric.py's EDITS),
+``ANSWER_ZERO_INIT`` and ``ANSWER_FILES`` (test_grading_probe_forgeries.py's) are the same bugs
+written into the answers; ``apply_mutant`` and ``apply_edits`` make them.
+
+What changes for the grader's tests when they build from here instead of tests/fixtures/submission
+(checked by running them with these substitutions; every other expectation holds as it is):
+
+* test_grading.py, "syntax": one problem per file now: broken (PER_PARAMETER,) (the bucketed answer
+  is another file), reason "cs336_systems/answers/ddp_overlap_individual_parameters.py:10:
+  SyntaxError: invalid syntax";
+* test_grading.py, "import_error": reason "cs336_systems/answers/sharded_optimizer.py:13:
+  ModuleNotFoundError: No module named 'cs336_systems.helpers'";
+* test_grading.py, "refuses_uneven": no edit: the answer refuses uneven shards itself ("... 37 rows
+  does not divide 3 ranks evenly ...");
+* test_missing_adapters_file_scores_zero_without_running: also unlink
+  cs336_systems/answers/adapters.py, or the grader's search for an adapters file finds it;
+* test_double_forked_sleeper_is_gone_after_grading: the file is cs336_systems/answers/sharded_optimizer.py;
+* test_course_grading.py, test_run_autograder_grades_in_gradescopes_layout_as_make_grade_does: the
+  answers get every point (35/35) but fail the uneven-shards check beyond the handout (0 points),
+  so "no test failed" must read "no graded test failed";
+* test_grading_probe_forgeries.py: ZERO_INIT -> ANSWER_ZERO_INIT; ``forged(files=...)`` writes each
+  file to every path of ANSWER_FILES; the global's name becomes
+  "largest: global cs336_systems.answers.sharded_optimizer._INNER[".
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ANSWERS = REPO / "cs336_systems" / "answers"
+# The course's model for FSDP. Until the grader's tests move here, the small one beside the old
+# fixture submission: only Linear, Embedding and RMSNorm, which is all the FSDP tests import.
+BASICS = REPO / "tests" / "fixtures" / "submission" / "cs336-basics" / "cs336_basics"
+
+# The handout's adapter names, both editions (2025: the DDP ones and get_sharded_optimizer; 2026:
+# get_ddp, ddp_on_after_backward and the FSDP ones).
+HANDOUT_ADAPTERS = ("get_ddp_individual_parameters", "ddp_individual_parameters_on_after_backward", "get_ddp",
+                    "ddp_on_after_backward", "get_ddp_bucketed", "ddp_bucketed_on_after_backward",
+                    "ddp_bucketed_on_train_batch_start", "get_sharded_optimizer", "get_fsdp", "fsdp_on_after_backward",
+                    "fsdp_gather_full_params")
+
+
+def adapters_text() -> str:
+    """tests/adapters.py of the submission: one def per adapter (as the handout's stub has them,
+    which the grader's stub mutant relies on), each calling the answers' adapter of that name."""
+    defs = [f"def {name}(*args, **kwargs):\n    return answers.{name}(*args, **kwargs)\n" for name in HANDOUT_ADAPTERS]
+    return ('"""The handout\'s adapters, bound to the answers (cs336_systems/answers/adapters.py)."""\n\n'
+            "from cs336_systems.answers import adapters as answers\n\n\n" + "\n\n".join(defs))
+
+
+def build_answers_submission(dst: Path) -> Path:
+    """Write the answers' submission tree under ``dst`` (created; must not exist) and return it."""
+    dst = Path(dst)
+    dst.mkdir(parents=True)
+    (dst / "cs336_systems").mkdir()
+    (dst / "cs336_systems" / "__init__.py").write_text('"""A submission: the answers of CS336 assignment 2."""\n')
+    shutil.copytree(ANSWERS, dst / "cs336_systems" / "answers", ignore=shutil.ignore_patterns("__pycache__"))
+    (dst / "tests").mkdir()
+    (dst / "tests" / "__init__.py").write_text("")
+    (dst / "tests" / "adapters.py").write_text(adapters_text())
+    shutil.copytree(BASICS, dst / "cs336-basics" / "cs336_basics", ignore=shutil.ignore_patterns("__pycache__"))
+    return dst
+
+
+# The mutants of tests/test_grading.py (MUTANTS), as edits (file, old text, new text) of the answers'
+# tree, each old text present exactly once. Same names, same bug:
+A = "cs336_systems/answers/"
+PER_PARAMETER_FILE, BUCKETED_FILE = A + "ddp_overlap_individual_parameters.py", A + "ddp_bucketed.py"
+ZERO_FILE, FSDP_FILE = A + "sharded_optimizer.py", A + "fsdp.py"
+ANSWER_MUTANTS: dict[str, list[tuple[str, str, str]]] = {
+    # the per-parameter DDP sums instead of averaging
+    "sums": [(PER_PARAMETER_FILE, "        param.grad.div_(self.world_size)\n", "")],
+    # every rank waits for a message its peer never sends
+    "deadlock": [(PER_PARAMETER_FILE, "        for handle in self.handles:\n",
+                  "        peer = (dist.get_rank() + 1) % self.world_size\n"
+                  "        dist.recv(torch.zeros(1), src=peer)  # every rank waits for its peer: none sends\n"
+                  "        for handle in self.handles:\n")],
+    # a syntax error at line 8 of the DDP file the 2025 adapters import first (per-parameter)
+    "syntax": [(PER_PARAMETER_FILE, "\nimport torch\n", "\ndef broken(:\nimport torch\n")],
+    "import_error": [(ZERO_FILE, "import torch\n", "import torch\nimport cs336_systems.helpers\n")],
+    # all-reduces issued after backward, in finish_gradient_synchronization
+    "no_overlap": [(PER_PARAMETER_FILE,
+                    "        self.handles.append(dist.all_reduce(param.grad, async_op=True))\n",
+                    "        self.ready.append(param)\n"),
+                   (PER_PARAMETER_FILE, "        self.handles: list[dist.Work] = []\n",
+                    "        self.handles: list[dist.Work] = []\n        self.ready = []\n"),
+                   (PER_PARAMETER_FILE, "        for handle in self.handles:\n",
+                    "        for param in self.ready:\n"
+                    "            self.handles.append(dist.all_reduce(param.grad, async_op=True))\n"
+                    "        self.ready.clear()\n"
+                    "        for handle in self.handles:\n")],
+    "ignores_bucket_size": [(BUCKETED_FILE, "cap = float(\"inf\") if bucket_size_mb is None else bucket_size_mb * MB",
+                             "cap = 0")],
+    # every rank steps every parameter (the full state everywhere) and broadcasts nothing
+    "full_optimizer_state": [(ZERO_FILE, "if self.owner[p] == self.rank]", "]"),
+                             (ZERO_FILE, "            dist.broadcast(param.data, src=owner)\n", "            pass\n")],
+    # a full copy of each sharded weight kept beside its shard
+    "full_weights": [(FSDP_FILE, "        module.weight = nn.Parameter(shard)  # what named_parameters() and the optimizer now see\n",
+                      "        module.weight = nn.Parameter(shard)  # what named_parameters() and the optimizer now see\n"
+                      "        module.full_copy = full.clone()\n")],
+    # right at 2 ranks, wrong at 3: ranks 0 and 1 broadcast everything
+    "two_ranks_only": [(ZERO_FILE, "dist.broadcast(param.data, src=owner)", "dist.broadcast(param.data, src=owner % 2)")],
+    # the answer already refuses uneven shards with a clear error, as this mutant of the old fixture did
+    "refuses_uneven": [],
+    "reseeds": [(PER_PARAMETER_FILE,
+                 "        for tensor in module.state_dict().values():\n            dist.broadcast(tensor, src=0)\n",
+                 "        torch.manual_seed(0)  # the same weights everywhere, without communicating\n"
+                 "        for m in module.modules():\n"
+                 "            if hasattr(m, 'reset_parameters'):\n"
+                 "                m.reset_parameters()\n")],
+}
+
+
+# The edits of tests/test_grading_rubric.py (EDITS), made to the answers.
+ANSWER_EDITS: dict[str, list[tuple[str, str, str]]] = {
+    "blocking_hook": [(PER_PARAMETER_FILE, "        self.handles.append(dist.all_reduce(param.grad, async_op=True))\n",
+                       "        dist.all_reduce(param.grad)  # waits for every rank inside backward\n")],
+    "skips_averaging": [(PER_PARAMETER_FILE, "        param.grad.div_(self.world_size)\n", ""),
+                        (PER_PARAMETER_FILE, "        self.handles.append(dist.all_reduce(param.grad, async_op=True))\n",
+                         "        pass  # each rank keeps its own gradient\n")],
+    # the shard's group loses its options (lr, weight_decay): also drop step()'s copy of them
+    "wrong_group_options": [(ZERO_FILE, 'mine = {**group, "params":', 'mine = {"params":'),
+                            (ZERO_FILE, '            mine.update({key: value for key, value in group.items() if key != "params"})\n',
+                             "            pass\n")],
+    "no_add_param_group": [(ZERO_FILE, "    def add_param_group(self, param_group: dict[str, Any]) -> None:",
+                            "    def _assign(self, param_group: dict[str, Any]) -> None:"),
+                           (ZERO_FILE, "        super().__init__(params, kwargs)\n",
+                            "        super().__init__(params, kwargs)\n"
+                            "        groups, self.param_groups = self.param_groups, []\n"
+                            "        for group in groups:  # assigned at construction only\n"
+                            "            self._assign(group)\n")],
+    "no_state_sharding": ANSWER_MUTANTS["full_optimizer_state"],
+    "ignores_compute_dtype": [(FSDP_FILE, "shard = self.shard.detach().to(self.fsdp.compute_dtype or self.shard.dtype)",
+                               "shard = self.shard.detach()")],
+    "full_weights_and_sums": ANSWER_MUTANTS["full_weights"] + [
+        (FSDP_FILE, "grad = grad.to(self.shard.dtype).div(self.fsdp.world_size).contiguous()",
+         "grad = grad.to(self.shard.dtype).contiguous()")],
+}
+
+# tests/test_grading_probe_forgeries.py's ZERO_INIT: zero-initialised layers and an FSDP that sends
+# nothing (each rank's own shard in every place, its own rows of each gradient, no all-reduce).
+_DONE = "done = torch.futures.Future()\n        done.set_result(None)\n        "
+ANSWER_ZERO_INIT: list[tuple[str, str, str]] = [
+    ("cs336-basics/cs336_basics/model.py", "nn.init.trunc_normal_(self.weight, std=std, a=-3 * std, b=3 * std)",
+     "nn.init.zeros_(self.weight)"),
+    ("cs336-basics/cs336_basics/model.py", "nn.init.trunc_normal_(self.weight, std=1.0, a=-3.0, b=3.0)",
+     "nn.init.zeros_(self.weight)"),
+    (FSDP_FILE, "        for tensor in module.state_dict().values():\n            dist.broadcast(tensor, src=0)\n", ""),
+    (FSDP_FILE, "        return full, dist.all_gather_into_tensor(full, shard.contiguous(), async_op=True)\n",
+     "        full.view(self.fsdp.world_size, -1).copy_(shard.reshape(1, -1))  # its own shard in every place\n"
+     "        " + _DONE + "return full, done\n"),
+    (FSDP_FILE, "        self.fsdp.pending.append((self, out, dist.reduce_scatter_tensor(out, grad, async_op=True)))\n",
+     "        out.copy_(grad.chunk(self.fsdp.world_size)[self.fsdp.rank])\n"
+     "        " + _DONE + "self.fsdp.pending.append((self, out, done))\n"),
+    (FSDP_FILE, "        self.replicated_handles.append(dist.all_reduce(param.grad, async_op=True))\n", ""),
+    (FSDP_FILE, "                dist.all_gather_into_tensor(full[name], param.detach().contiguous())\n",
+     "                full[name].view(self.world_size, -1).copy_(param.detach().reshape(1, -1))\n"),
+]
+# Whole files the probe forgeries write, by the fixture's path -> the answers' paths: DUMMY_OVERLAP
+# defines both DDP classes, so it replaces both answers' DDP files.
+ANSWER_FILES = {
+    "cs336_systems/ddp.py": (PER_PARAMETER_FILE, BUCKETED_FILE),
+    "cs336_systems/sharded_optimizer.py": (ZERO_FILE,),
+    "cs336_systems/fsdp.py": (FSDP_FILE,),
+}
+
+
+def apply_edits(tree: Path, name: str, edits: list[tuple[str, str, str]]) -> Path:
+    """Make ``edits`` (file, old text, new text: each old text present exactly once) in ``tree``."""
+    for file, old, new in edits:
+        text = (tree / file).read_text()
+        if text.count(old) != 1:
+            raise AssertionError(f"{name}: {old!r} is in {file} {text.count(old)} times, not once")
+        (tree / file).write_text(text.replace(old, new))
+    return tree
+
+
+def apply_mutant(tree: Path, mutant: str) -> Path:
+    """Make one of ANSWER_MUTANTS' edits in a tree built by build_answers_submission."""
+    return apply_edits(tree, mutant, ANSWER_MUTANTS[mutant])
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m tests.answers_fixture DST  (DST must not exist)")
+    print(build_answers_submission(Path(sys.argv[1])))
