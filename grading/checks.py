@@ -19,7 +19,7 @@ A run returns its finding instead of raising it (``Run``): a test of what a prob
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
@@ -50,7 +50,14 @@ class ZeroCase:
     layers: int = 6  # equal layers: divisible by world sizes 2 and 3
     groups: bool = False  # two parameter groups with their own lr and weight_decay (models.zero_groups)
     unfreeze: bool = False  # two layers frozen, then added as a group after step 1 (models.added_group)
-    measure_state: bool = False  # count the tensors alive in each rank (a full scan: about a second)
+    measure_state: bool = False  # the ranks' memory read from outside (grading/memory.py), a model that shows it
+    width: int = 32  # the equal layers' width (MEASURED_WIDTH when measure_state)
+
+
+# Equal layers of this width make AdamW's state 12 MiB (two float32 copies of 6 layers of
+# 512×512): a third of it is 4 MiB, forty times the spread of a correct rank's memory (0.1 MiB).
+MEASURED_WIDTH = 512
+SAMPLED = 256  # values per large tensor compared with the reference when the model is measured
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,7 @@ class FSDPCase:
     # tensors (release 26.1.4), so an FSDP that requires them is within the handout.
     shape: models.LMShape = field(default_factory=lambda: models.LMShape(vocab=36, d_model=24, d_ff=48))
     compute_dtype: str | None = None  # "float16" or "bfloat16"
+    measure: bool = False  # the ranks' memory read from outside (grading/memory.py), on models.MEASURED_LM
 
 
 @dataclass
@@ -70,6 +78,10 @@ class Run:
     reports: list[dict]
     mismatch: str = ""  # the first difference from single-process training, "" if none
     full_bytes: int = 0  # what an unsharded rank holds (optimizer state; FSDP's full parameters)
+    model_bytes: int = 0  # the parameters every rank holds in full (the sharded optimizer's model)
+    weights: dict[str, int] = field(default_factory=dict)  # FSDP: each Linear and Embedding weight's bytes
+    replicated: int = 0  # FSDP: the bytes of the parameters no rank shards (norm, biases)
+    activations: int = 0  # FSDP: what one rank's forward saves for backward, logits included
 
     def assert_matches(self) -> None:
         if self.mismatch:
@@ -97,10 +109,13 @@ def shard(batch: dict[str, torch.Tensor], rank: int, world_size: int) -> dict[st
     return {k: v[rows].clone() for k, v in batch.items()}
 
 
-def random_state(model: str, g: torch.Generator, layers: int = 8) -> dict[str, torch.Tensor]:
-    """A fresh model's weights, drawn from ``g``: every rank gets different ones."""
-    state = models.build(model, layers).state_dict()
-    return {k: torch.randn(v.shape, generator=g) * 0.3 if v.is_floating_point() else v for k, v in state.items()}
+def random_state(model: str, g: torch.Generator, layers: int = 8, width: int = 32) -> dict[str, torch.Tensor]:
+    """A fresh model's weights, drawn from ``g``: every rank gets different ones. A wider model's
+    weights are smaller in proportion (as 1/sqrt(fan-in)): its tanh layers must not saturate, or
+    AdamW would turn the rounding of tiny gradients into differences beyond tolerance."""
+    state = models.build(model, layers, width).state_dict()
+    scale = 0.3 * min(1.0, (32 / width) ** 0.5)
+    return {k: torch.randn(v.shape, generator=g) * scale if v.is_floating_point() else v for k, v in state.items()}
 
 
 def labels(steps: int, construction: bool = True) -> list[str]:
@@ -161,15 +176,22 @@ def _train(reference: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
            after_step=None) -> list[dict]:
     """Single-process training, a snapshot after construction and after every step. It must move
     every parameter that gets a gradient: a test whose reference stands still could not tell a wrong
-    submission (one that never communicates, say) from a right one."""
+    submission (one that never communicates, say) from a right one. One thread, as a rank
+    computes: a gradient whose terms nearly cancel keeps the rounding of its summation order,
+    and AdamW turns that into the weight."""
     snapshots = [training.snapshot(dict(reference.named_parameters()))]
-    for step, batch in enumerate(batches, 1):
-        optimizer.zero_grad()
-        loss(reference, batch).backward()
-        optimizer.step()
-        snapshots.append(training.snapshot(dict(reference.named_parameters())))
-        if after_step is not None and (group := after_step(step)) is not None:
-            optimizer.add_param_group(group)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for step, batch in enumerate(batches, 1):
+            optimizer.zero_grad()
+            loss(reference, batch).backward()
+            optimizer.step()
+            snapshots.append(training.snapshot(dict(reference.named_parameters())))
+            if after_step is not None and (group := after_step(step)) is not None:
+                optimizer.add_param_group(group)
+    finally:
+        torch.set_num_threads(threads)
     still = [n for n, p in reference.named_parameters()
              if p.grad is not None and torch.equal(p.detach().cpu(), snapshots[0][n])]
     if still:
@@ -236,19 +258,29 @@ def run_sharded_optimizer(ranks, world_size: int, case: ZeroCase) -> Run:
     groups); the reports, the finding, and the bytes of state an unsharded optimizer of the same
     class holds after the same steps."""
     g = generator()
-    init = random_state("equal", g, case.layers)
+    if case.measure_state:
+        case = replace(case, width=MEASURED_WIDTH)
+    init = random_state("equal", g, case.layers, case.width)
     batches = random_batches(case.steps, g)
-    payload = wire.encode({"case": asdict(case), "init": init, "batches": batches})
+    sample = draw_sample({n: v.numel() for n, v in init.items()}, g) if case.measure_state else None
+    payload = wire.encode({"case": asdict(case), "init": init, "batches": batches, "sample": sample})
     reports = ranks(training.train_sharded_optimizer, world_size, [payload] * world_size)
-    reference = models.build("equal", case.layers)
+    reference = models.build("equal", case.layers, case.width)
     reference.load_state_dict(init)
     cls, kwargs = models.optimizer_class(case.optimizer)
     optimizer = cls(models.zero_groups(reference, asdict(case)), **kwargs)
     expected = _train(reference, optimizer, batches, _mse, lambda step: models.added_group(reference, asdict(case), step))
+    expected = [training.sampled(e, sample) for e in expected] if sample is not None else expected
     mismatch = compare(reports, expected, labels(case.steps), ZERO_DISAGREE)
     exclude = {p.untyped_storage().data_ptr() for p in reference.parameters()}
     exclude |= {p.grad.untyped_storage().data_ptr() for p in reference.parameters() if p.grad is not None}
-    return Run(reports, mismatch, sum(h.nbytes for h in probes.held_tensors(optimizer, "optimizer", exclude)))
+    return Run(reports, mismatch, sum(h.nbytes for h in probes.held_tensors(optimizer, "optimizer", exclude)),
+               model_bytes=sum(p.numel() * p.element_size() for p in reference.parameters()))
+
+
+def draw_sample(numels: dict[str, int], g: torch.Generator) -> dict[str, torch.Tensor]:
+    """``SAMPLED`` flat indices into each tensor larger than that, drawn by the grader (training.sampled)."""
+    return {n: torch.randint(0, k, (SAMPLED,), generator=g) for n, k in numels.items() if k > SAMPLED}
 
 
 # The public 26.1.4 tests' tolerances: float32 atol 1e-6, rtol 1e-4; a compute dtype 1e-4 and
@@ -262,12 +294,15 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
     """Train through the FSDP adapters from the grader's initial weights; reports, finding, and
     the bytes of the full parameters."""
     g = generator()
+    if case.measure:
+        case = replace(case, shape=models.MEASURED_LM)
     vocab = case.shape.vocab
     batches = [{"ids": torch.randint(0, vocab, (BATCH, 6), generator=g),
                 "labels": torch.randint(0, vocab, (BATCH, 6), generator=g)} for _ in range(case.steps)]
     init = models.lm_init(case.shape, g)
-    job = {"case": {"optimizer": case.optimizer, "shape": asdict(case.shape), "compute_dtype": case.compute_dtype},
-           "init": init}
+    sample = draw_sample({k.split(".")[0]: v.numel() for k, v in init.items() if v.dim() == 2}, g) if case.measure else None
+    job = {"case": {"optimizer": case.optimizer, "shape": asdict(case.shape), "compute_dtype": case.compute_dtype,
+                    "measure": case.measure}, "init": init, "sample": sample}
     payloads = [wire.encode({**job, "batches": [shard(b, r, world_size) for b in batches]}) for r in range(world_size)]
     reports = ranks(training.train_fsdp, world_size, payloads)
     dtype = getattr(torch, case.compute_dtype) if case.compute_dtype else None
@@ -280,23 +315,32 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
     def cross_entropy(model, batch):
         return F.cross_entropy(model(batch["ids"]).float().flatten(0, 1), batch["labels"].flatten())
 
+    saved = activation_bytes(reference, shard(batches[0], 0, world_size)["ids"]) if case.measure else 0
     expected = _train(reference, optimizer, batches, cross_entropy)[1:]
+    if sample is not None:
+        expected = [training.sampled(e, sample) for e in expected]
     gathered = [{"params": [training.by_model_names(p, expected[0]) for p in r["params"]]} for r in reports]
     mismatch = compare(gathered, expected, labels(case.steps, construction=False), FSDP_DISAGREE,
                        DTYPE_TOLERANCE[case.compute_dtype])
-    return Run(reports, mismatch, sum(p.numel() * p.element_size() for p in reference.parameters()))
+    weights = {f"{layer}.{layer_.weight_name}": getattr(layer_, layer_.weight_name).numel() * 4
+               for layer in models.LM_LAYERS if layer != "norm" for layer_ in [getattr(reference, layer)]}
+    full = sum(p.numel() * p.element_size() for p in reference.parameters())
+    return Run(reports, mismatch, full, weights=weights, replicated=full - sum(weights.values()), activations=saved)
 
 
-def sharding_finding(reports: list[dict], key: str, full_bytes: int, what: str, problem: str) -> str:
-    """Whether every rank holds at most 1/world size of ``full_bytes``, plus a quarter of the whole
-    for a split by whole tensors (the suite's models split evenly by layers at world sizes 2 and
-    3); the first rank that holds more, ending with ``named_for(problem)``, or ""."""
-    world_size = len(reports)
-    for rank, report in enumerate(reports):
-        held = report[key]
-        share = held["bytes"] / full_bytes
-        if share > 1 / world_size + 0.25:
-            largest = "; ".join(held["largest"]) or "nothing"
-            return (f"rank {rank} holds {held['bytes']} bytes of {what}, {share:.0%} of the unsharded {full_bytes} "
-                    f"(sharded: at most 1/{world_size} + 25%; largest: {largest}): not sharded {named_for(problem)}")
-    return ""
+def activation_bytes(reference: torch.nn.Module, ids: torch.Tensor) -> int:
+    """What one rank's forward keeps for backward, as single-process training on its shard keeps
+    it: the tensors autograd saves that are not parameters, and the logits."""
+    params = {p.untyped_storage().data_ptr() for p in reference.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = reference(ids)
+        F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+    return sum(saved.values()) + logits.untyped_storage().nbytes()

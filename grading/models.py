@@ -66,10 +66,10 @@ class Equal(nn.Module):
         return self.head(h)
 
 
-def build(model: str, layers: int = 8) -> nn.Module:
-    """"net", "tied", "unused" or "equal"."""
+def build(model: str, layers: int = 8, width: int = 32) -> nn.Module:
+    """"net", "tied", "unused" or "equal" (``layers`` and ``width`` are the equal model's)."""
     if model == "equal":
-        return Equal(layers=layers)
+        return Equal(layers=layers, width=width)
     return Net(tied=model == "tied", unused=model == "unused")
 
 
@@ -134,13 +134,6 @@ def added_group(model: nn.Module, case: dict, step: int) -> dict | None:
     return {"params": [named[n] for n in UNFROZEN]}  # the constructor's options: a group's own are tested apart
 
 
-@dataclass(frozen=True)
-class LMShape:
-    vocab: int
-    d_model: int
-    d_ff: int
-
-
 class Norm(nn.Module):
     """The suite's own RMS norm: neither a Linear nor an Embedding, so an FSDP replicates it."""
 
@@ -155,6 +148,20 @@ class Norm(nn.Module):
 
 
 LM_LAYERS = ("embedding", "norm", "up", "down", "lm_head")
+
+
+@dataclass(frozen=True)
+class LMShape:
+    vocab: int
+    d_model: int
+    d_ff: int
+
+
+# The measured FSDP test's model: its four Linear and Embedding weights are of one size, 12 MiB
+# each (512×6144 float32), so any one of them kept whole stands out in a rank's memory (6 MiB at
+# 2 ranks, 8 MiB at 3) far beyond its spread; vocabulary and d_ff divide 2 and 3, d_model is
+# large against the rank's 36 tokens so that activations stay small beside a weight.
+MEASURED_LM = LMShape(vocab=6144, d_model=512, d_ff=6144)
 
 
 def lm_forward(lm: nn.Module, ids: torch.Tensor) -> torch.Tensor:

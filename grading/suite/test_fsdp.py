@@ -8,7 +8,8 @@ do since release 26.1.4); uneven shards are checked beyond the handout, for 0 po
 
 import pytest
 
-from grading.checks import FSDPCase, findings, run_fsdp, sharding_finding
+from grading.checks import FSDPCase, findings, run_fsdp
+from grading.memory import freed_finding, weights_finding
 from grading.models import LMShape
 
 PROBLEM = "fsdp"
@@ -50,12 +51,31 @@ def test_compute_dtype(ranks, compute_dtype):
     findings(computed, run.mismatch, masters)
 
 
+# The measured runs train with plain SGD: no optimizer state, so what a rank holds between steps
+# is its shards (grading/memory.py); two steps (the second's pause between forward and backward
+# is judged against the first's end), on a model of 48 MiB.
+MEASURED = FSDPCase(optimizer="public_sgd", steps=2, measure=True)
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_parameters_are_sharded(ranks, world_size):
-    """handout: each rank keeps 1/world size of each Linear and Embedding weight between steps,
-    and frees the gathered full weights after use; it still trains as single-process training does."""
-    run = run_fsdp(ranks, world_size, FSDPCase())
-    findings(sharding_finding(run.reports, "resident", run.full_bytes, "parameters between steps", PROBLEM), run.mismatch)
+    """handout: "This leaves us with the embedding layer and every linear layer" to shard: each
+    rank keeps 1/world size of each Linear and Embedding weight between steps (its memory read
+    from outside, on a model whose four weights are of one size, so any one kept whole shows); it
+    still trains as single-process training does."""
+    run = run_fsdp(ranks, world_size, MEASURED)
+    findings(weights_finding(run.reports, run.weights, run.replicated, PROBLEM), run.mismatch)
+
+
+@pytest.mark.beyond_handout
+def test_gathered_weights_are_freed(ranks):
+    """handout: "Make sure to free the gathered weights after use", and in the backward pass
+    all-gather again: between forward and backward a rank holds its shards, the activations and at
+    most one gathered weight in flight (its memory read from outside). Reported for 0 points until
+    the course's reference solution is checked to pass it (autograd keeps a gathered weight that a
+    matmul saved, unless backward gathers it again)."""
+    run = run_fsdp(ranks, 2, MEASURED)
+    findings(freed_finding(run.reports, run.weights, run.activations, PROBLEM), run.mismatch)
 
 
 @pytest.mark.beyond_handout
