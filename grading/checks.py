@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from grading import models, probes, training, wire
+from grading import memory, models, probes, training, wire
 from grading.problems import named_for
 
 BATCH = 12  # divisible by world sizes 2 and 3
@@ -168,8 +168,24 @@ def compare(reports: list[dict], expected: list[dict[str, torch.Tensor]], what: 
                 ok, gap, worst, allowed = _close(got, want, rtol, atol)
                 if not ok:
                     return (f"rank {rank}: parameter {name} {what[step]} differs from single-process training "
-                            f"by {gap:.3g} at element {worst} (tolerance {atol:g} + {rtol:g}·|expected| = {allowed:.3g} there)")
+                            f"by {gap:.3g} at element {worst} (tolerance {atol:g} + {rtol:g}·|expected| = {allowed:.3g} there)"
+                            + (_factor(got, want, expected[step - 1][name]) if step else ""))
     return ""
+
+
+def _factor(got: torch.Tensor, want: torch.Tensor, before: torch.Tensor) -> str:
+    """When a step moved a parameter by the reference's step times one factor, the same on every
+    element (within 1%), what that factor suggests: a gradient scaled by a wrong count (summed
+    over 2 ranks: 2; divided by 3 after averaging: 0.333). "" otherwise, or for a factor near 1."""
+    moved, wanted = got.to(want.dtype).flatten() - before.flatten(), want.flatten() - before.flatten()
+    norm = float(wanted @ wanted)
+    if norm == 0.0 or not torch.isfinite(moved).all():
+        return ""
+    factor = float(moved @ wanted) / norm
+    if abs(factor - 1) < 0.05 or float((moved - factor * wanted).norm()) > 0.01 * norm ** 0.5 * abs(factor):
+        return ""
+    return (f"; the step moved it {factor:.3g} times as far as single-process training, the same factor on every "
+            "element: gradients scaled by a wrong count (the average's divisor?)")
 
 
 def _train(reference: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[dict], loss,
@@ -315,7 +331,7 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
     def cross_entropy(model, batch):
         return F.cross_entropy(model(batch["ids"]).float().flatten(0, 1), batch["labels"].flatten())
 
-    saved = activation_bytes(reference, shard(batches[0], 0, world_size)["ids"]) if case.measure else 0
+    saved = memory.activation_bytes(reference, shard(batches[0], 0, world_size)["ids"]) if case.measure else 0
     expected = _train(reference, optimizer, batches, cross_entropy)[1:]
     if sample is not None:
         expected = [training.sampled(e, sample) for e in expected]
@@ -326,21 +342,3 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
                for layer in models.LM_LAYERS if layer != "norm" for layer_ in [getattr(reference, layer)]}
     full = sum(p.numel() * p.element_size() for p in reference.parameters())
     return Run(reports, mismatch, full, weights=weights, replicated=full - sum(weights.values()), activations=saved)
-
-
-def activation_bytes(reference: torch.nn.Module, ids: torch.Tensor) -> int:
-    """What one rank's forward keeps for backward, as single-process training on its shard keeps
-    it: the tensors autograd saves that are not parameters, and the logits."""
-    params = {p.untyped_storage().data_ptr() for p in reference.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits = reference(ids)
-        F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
-    return sum(saved.values()) + logits.untyped_storage().nbytes()

@@ -16,6 +16,9 @@ submission's object reaches, counted inside the rank, follow as a hint, labelled
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+
 from grading.outside import BEFORE, KEY
 from grading.problems import named_for
 
@@ -135,3 +138,21 @@ def freed_finding(reports: list[dict], weights: dict[str, int], activations: int
                     f"allowed, bound {mb(1.5 * one)}): the gathered weights are not freed after use, and backward does "
                     f"not gather them again {named_for(problem)}{_hint(report)}")
     return ""
+
+
+def activation_bytes(reference: torch.nn.Module, ids: torch.Tensor) -> int:
+    """What one rank's forward keeps for backward, as single-process training on its shard keeps
+    it: the tensors autograd saves that are not parameters, and the logits."""
+    params = {p.untyped_storage().data_ptr() for p in reference.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = reference(ids)
+        F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+    return sum(saved.values()) + logits.untyped_storage().nbytes()

@@ -129,7 +129,7 @@ def read_stopped(pid: int, label: str) -> dict:
     deadline = time.monotonic() + STOP_WAIT_S
     while _state(pid) != "T" and time.monotonic() < deadline:
         time.sleep(0.002)
-    reading: dict = {"label": label}
+    reading: dict = {"label": label, "at": round(time.monotonic(), 3)}
     if _state(pid) == "T":
         memory = resident_bytes(pid)
         if _state(pid) == "T":  # no one woke it while it was read

@@ -146,7 +146,7 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
         ctx.pause(outside.BEFORE)
     get, after = load_adapter("get_fsdp"), load_adapter("fsdp_on_after_backward")
     gather = load_adapter("fsdp_gather_full_params")
-    model = models.student_lm(models.LMShape(**case["shape"]))
+    model = models.student_lm(models.LMShape(**case["shape"]), quick=measure)
     layout = models.fill_lm(model, job["init"])
     dtype = getattr(torch, case["compute_dtype"]) if case.get("compute_dtype") else None
     fsdp = get(model, compute_dtype=dtype)
