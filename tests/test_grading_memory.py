@@ -111,31 +111,33 @@ def test_a_rank_without_a_share_is_found():
 
 
 FSDP = "fsdp"
-WEIGHTS = {name: 12 * MB for name in ("embedding.weight", "up.weight", "down.weight", "lm_head.weight")}
+WEIGHTS = {name: 6 * MB for name in ("embedding.weight", "up.weight", "down.weight", "lm_head.weight")}
 
 
-@pytest.mark.parametrize("world_size, correct, one_whole", [(2, 25.3, 31.3), (3, 17.0, 25.0)])
+@pytest.mark.parametrize("world_size, correct, one_whole", [(2, 13.3, 16.25), (3, 9.0, 12.95)])
 def test_one_weight_kept_whole_is_found(world_size, correct, one_whole):
-    """Between steps the fixture holds its shards and 1.3 MB more; an FSDP that leaves one weight
-    (the embedding, say) whole holds w·(1 - 1/ws) more, and is found; so is one keeping all."""
+    """Between steps the fixture holds its shards and 1.0 to 1.3 MB more (the most seen in 10 runs
+    under load: 13.31 MB at 2 ranks, 9.00 at 3); an FSDP that leaves one weight (the embedding,
+    say) whole holds w·(1 - 1/ws) more, and is found; so is one keeping all."""
     ok = [_report(400 * MB, after_step=[correct, correct + 0.02])] * world_size
     assert weights_finding(ok, WEIGHTS, 0, FSDP) == ""
     weak = [_report(400 * MB, after_step=[one_whole, one_whole])] * world_size
     found = weights_finding(weak, WEIGHTS, 0, FSDP)
-    assert found.startswith(f"rank 0 holds {one_whole:.1f} MB between steps") and "about 1 of them not sharded" in found
-    everything = weights_finding([_report(400 * MB, after_step=[49.3, 49.3])] * world_size, WEIGHTS, 0, FSDP)
-    assert f"about {round((49.3 - 48 / world_size) / (12 * (1 - 1 / world_size)))} of them not sharded" in everything
+    assert found.startswith(f"rank 0 holds {one_whole:.1f} MB between steps") and "weights are not sharded" in found
+    assert f"kept whole adds {6 * (1 - 1 / world_size):.1f} MB" in found and named_for(FSDP) in found
+    everything = weights_finding([_report(400 * MB, after_step=[25.3, 25.3])] * world_size, WEIGHTS, 0, FSDP)
+    assert everything.startswith("rank 0 holds 25.3 MB between steps")
 
 
 def test_gathered_weights_kept_until_backward_are_found():
     """The fixture keeps three gathered weights (autograd saved them) between forward and
     backward: 36 MB beyond the activations; an FSDP that gathers again in backward keeps one in
     flight at most, and passes; step 1's pause is not judged (step 1 may make what later steps keep)."""
-    activations = int(2.8 * MB)
-    kept = [_report(400 * MB, after_step=[25.3, 25.3], between=[63.3, 64.1])] * 2
+    activations = int(2.67 * MB)
+    kept = [_report(400 * MB, after_step=[13.26, 13.27], between=[33.13, 33.95])] * 2
     found = freed_finding(kept, WEIGHTS, activations, FSDP)
-    assert found.startswith("rank 0 holds 38.8 MB more between forward and backward") and "about 3.0 gathered" in found
-    prefetching = [_report(400 * MB, after_step=[25.3, 25.3], between=[50.0, 25.3 + 2.8 + 12.5])] * 2
+    assert found.startswith("rank 0 holds 20.7 MB more between forward and backward") and "about 3.0 gathered" in found
+    prefetching = [_report(400 * MB, after_step=[13.3, 13.3], between=[30.0, 13.3 + 2.7 + 6.2])] * 2
     assert freed_finding(prefetching, WEIGHTS, activations, FSDP) == ""
 
 

@@ -16,11 +16,29 @@ PROBLEM = "fsdp"
 pytestmark = pytest.mark.problem(PROBLEM)
 
 
+# The measured runs train with plain SGD: no optimizer state, so what a rank holds between steps
+# is its shards (grading/memory.py); two steps (the second's pause between forward and backward
+# is judged against the first's end), on a model of 24 MiB. A run serves every check of its
+# world size and repetition (reports are small: sampled parameters and readings).
+MEASURED = FSDPCase(optimizer="public_sgd", steps=2, measure=True)
+
+
+_measured: dict[tuple[int, int], object] = {}  # (world size, repetition) -> its run, for the next test to read too
+
+
+def measured(ranks, world_size: int, repetition: int):
+    """The measured run at ``world_size`` of this repetition: one run serves every check of it."""
+    if (world_size, repetition) not in _measured:
+        _measured[world_size, repetition] = run_fsdp(ranks, world_size, MEASURED)
+    return _measured[world_size, repetition]
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_matches_single_process(ranks, world_size):
+def test_matches_single_process(ranks, world_size, grading_repetition):
     """handout: training through the FSDP wrapper matches single-process training; the gathered
-    full parameters equal the reference's after every step."""
-    run_fsdp(ranks, world_size, FSDPCase()).assert_matches()
+    full parameters equal the reference's after every step (SGD as the public tests train, on the
+    measured model, a sample of every weight's values)."""
+    measured(ranks, world_size, grading_repetition).assert_matches()
 
 
 def test_adamw(ranks):
@@ -49,23 +67,6 @@ def test_compute_dtype(ranks, compute_dtype):
             masters = (f"rank {rank}: after fsdp_on_after_backward, parameter {name} is {param} with a {grad or 'no'} "
                        f"gradient: master weights and their gradients stay float32 ({len(wrong)} such)")
     findings(computed, run.mismatch, masters)
-
-
-# The measured runs train with plain SGD: no optimizer state, so what a rank holds between steps
-# is its shards (grading/memory.py); two steps (the second's pause between forward and backward
-# is judged against the first's end), on a model of 48 MiB. A run serves every check of its
-# world size and repetition (reports are small: sampled parameters and readings).
-MEASURED = FSDPCase(optimizer="public_sgd", steps=2, measure=True)
-
-
-_measured: dict[tuple[int, int], object] = {}  # (world size, repetition) -> its run, for the next test to read too
-
-
-def measured(ranks, world_size: int, repetition: int):
-    """The measured run at ``world_size`` of this repetition: one run serves every check of it."""
-    if (world_size, repetition) not in _measured:
-        _measured[world_size, repetition] = run_fsdp(ranks, world_size, MEASURED)
-    return _measured[world_size, repetition]
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
