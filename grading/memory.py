@@ -33,6 +33,9 @@ def held(report: dict, rank: int, prefix: str) -> list[tuple[str, int]] | str:
     """(label, bytes held) at each pause whose label starts with ``prefix``; or the finding that a
     pause was not read (the rank did not stop: its memory could not be read from outside)."""
     readings = report.get(KEY) or []
+    broken = [r["grader_error"] for r in readings if r.get("grader_error")]
+    if broken:
+        return f"grader error, not the submission's: {broken[0]}; its memory could not be read, so this check cannot tell"
     unread = [r["label"] for r in readings if "bytes" not in r]
     if unread:
         return (f"rank {rank} did not stop at the grader's pause '{unread[0]}' (the rank stops itself with SIGSTOP "

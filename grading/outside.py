@@ -112,9 +112,12 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def resident_bytes(pid: int) -> dict[str, int]:
+def resident_bytes(pid: int) -> dict[str, int] | None:
     """What the kernel counts resident for ``pid`` and its descendants: anonymous and shared
-    memory (a tensor's bytes, wherever the process keeps them), in bytes; and how many processes."""
+    memory (a tensor's bytes, wherever the process keeps them), in bytes; and how many processes.
+    None where the grader cannot read the rank's own counts (a /proc mounted with hidepid)."""
+    if "RssAnon" not in _status_kb(pid):
+        return None
     anon = shmem = 0
     processes = descendants(pid)
     for p in processes:
@@ -132,7 +135,9 @@ def read_stopped(pid: int, label: str) -> dict:
     reading: dict = {"label": label, "at": round(time.monotonic(), 3)}
     if _state(pid) == "T":
         memory = resident_bytes(pid)
-        if _state(pid) == "T":  # no one woke it while it was read
+        if memory is None:
+            reading["grader_error"] = f"the grader cannot read /proc/{pid}/status (RssAnon)"
+        elif _state(pid) == "T":  # no one woke it while it was read
             reading.update(memory)
     try:
         os.kill(pid, signal.SIGCONT)
