@@ -152,3 +152,21 @@ def test_sigstop_cannot_be_caught():
     """The pause relies on it: a handler for SIGSTOP cannot be installed."""
     with pytest.raises((OSError, RuntimeError, ValueError)):
         signal.signal(signal.SIGSTOP, lambda *a: None)
+
+
+def _start_up(ctx, job) -> dict:
+    """Rank side: what a rank's start-up left that its code could see."""
+    import gc
+
+    return {"frozen": gc.get_freeze_count()}
+
+
+def test_every_rank_starts_alike():
+    """Point tests are not told apart by their start-up: every rank of every test has the
+    collector's permanent generation filled (the measured tests' collection relies on it), not
+    only the measured ones; and a rank that never pauses reports no reading."""
+    from grading import wire
+    from grading.ranks import run_ranks
+
+    reports = run_ranks(_start_up, 2, [wire.encode({})] * 2, timeout_s=60)
+    assert all(r["frozen"] > 10_000 and r[outside.KEY] == [] for r in reports), reports
