@@ -301,7 +301,7 @@ def draw_sample(numels: dict[str, int], g: torch.Generator) -> dict[str, torch.T
 
 # The public 26.1.4 tests' tolerances: float32 atol 1e-6, rtol 1e-4; a compute dtype 1e-4 and
 # 1e-4, against single-process training cast alike. bfloat16 has no public case, and 3 fewer bits
-# of mantissa than float16: at 1e-4 the correct fixture failed once in about 250 runs under load
+# of mantissa than float16: at 1e-4 the correct fixture failed once in about 200 runs under load
 # (1.4e-4 against 1.2e-4 allowed, after step 2); 5e-4 leaves it four times that, and training
 # that is wrong (gradients not averaged) is still far beyond it, and caught in float32 besides.
 DTYPE_TOLERANCE = {None: (RTOL, ATOL), "float16": (1e-4, 1e-4), "bfloat16": (5e-4, 5e-4)}
