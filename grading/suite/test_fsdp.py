@@ -34,11 +34,11 @@ def measured(ranks, world_size: int, repetition: int):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_matches_single_process(ranks, world_size, grading_repetition):
+def test_matches_single_process(ranks, world_size, repetition):
     """handout: training through the FSDP wrapper matches single-process training; the gathered
     full parameters equal the reference's after every step (SGD as the public tests train, on the
     measured model, a sample of every weight's values)."""
-    measured(ranks, world_size, grading_repetition).assert_matches()
+    measured(ranks, world_size, repetition).assert_matches()
 
 
 def test_adamw(ranks):
@@ -70,23 +70,23 @@ def test_compute_dtype(ranks, compute_dtype):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_parameters_are_sharded(ranks, world_size, grading_repetition):
+def test_parameters_are_sharded(ranks, world_size, repetition):
     """handout: "This leaves us with the embedding layer and every linear layer" to shard: each
     rank keeps 1/world size of each Linear and Embedding weight between steps (its memory read
     from outside, on a model whose four weights are of one size, so any one kept whole shows); it
     still trains as single-process training does."""
-    run = measured(ranks, world_size, grading_repetition)
+    run = measured(ranks, world_size, repetition)
     findings(weights_finding(run.reports, run.weights, run.replicated, PROBLEM), run.mismatch)
 
 
 @pytest.mark.beyond_handout
-def test_gathered_weights_are_freed(ranks, grading_repetition):
+def test_gathered_weights_are_freed(ranks, repetition):
     """handout: "Make sure to free the gathered weights after use", and in the backward pass
     all-gather again: between forward and backward a rank holds its shards, the activations and at
     most one gathered weight in flight (its memory read from outside). Reported for 0 points until
     the course's reference solution is checked to pass it (autograd keeps a gathered weight that a
     matmul saved, unless backward gathers it again)."""
-    run = measured(ranks, 3, grading_repetition)
+    run = measured(ranks, 3, repetition)
     findings(freed_finding(run.reports, run.weights, run.activations, PROBLEM), run.mismatch)
 
 

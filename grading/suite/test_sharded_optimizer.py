@@ -25,11 +25,11 @@ def measured(ranks, world_size: int, repetition: int):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_matches_single_process(ranks, world_size, grading_repetition):
+def test_matches_single_process(ranks, world_size, repetition):
     """handout: "Calls the wrapped optimizer's step() method ... After updating the parameters,
     synchronize with the other ranks": each parameter is stepped as the unsharded optimizer steps
     it, and every rank ends each step with every parameter (AdamW)."""
-    measured(ranks, world_size, grading_repetition).assert_matches()
+    measured(ranks, world_size, repetition).assert_matches()
 
 
 def test_sgd_with_momentum(ranks):
@@ -55,18 +55,18 @@ def test_add_param_group(ranks, world_size, optimizer):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_state_is_sharded(ranks, world_size, grading_repetition):
+def test_state_is_sharded(ranks, world_size, repetition):
     """handout: "these parameters will be sharded across all the ranks": no rank keeps much more
     than the optimizer state of 1/world size of the parameters (its memory read from outside), and
     it still trains as the unsharded one."""
-    run = measured(ranks, world_size, grading_repetition)
+    run = measured(ranks, world_size, repetition)
     findings(state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "over"), run.mismatch)
 
 
-def test_every_rank_keeps_its_share(ranks, grading_repetition):
+def test_every_rank_keeps_its_share(ranks, repetition):
     """handout: "these parameters will be sharded across all the ranks": at world size 3, every
     rank holds a share of the optimizer state, at least a third of 1/world size (its memory read
     from outside; a partition written for 2 ranks leaves the third without), and it still trains
     as the unsharded one."""
-    run = measured(ranks, 3, grading_repetition)
+    run = measured(ranks, 3, repetition)
     findings(state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "under"), run.mismatch)
