@@ -189,13 +189,14 @@ def _factor(got: torch.Tensor, want: torch.Tensor, before: torch.Tensor) -> str:
 
 
 def _train(reference: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[dict], loss,
-           after_step=None) -> list[dict]:
+           after_step=None, keep=training.snapshot) -> list[dict]:
     """Single-process training, a snapshot after construction and after every step. It must move
     every parameter that gets a gradient: a test whose reference stands still could not tell a wrong
     submission (one that never communicates, say) from a right one. One thread, as a rank
     computes: a gradient whose terms nearly cancel keeps the rounding of its summation order,
-    and AdamW turns that into the weight."""
-    snapshots = [training.snapshot(dict(reference.named_parameters()))]
+    and AdamW turns that into the weight. ``keep`` makes each snapshot (a sample of a large model)."""
+    first = training.snapshot(dict(reference.named_parameters()))
+    snapshots = [first]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -203,15 +204,16 @@ def _train(reference: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
             optimizer.zero_grad()
             loss(reference, batch).backward()
             optimizer.step()
-            snapshots.append(training.snapshot(dict(reference.named_parameters())))
+            snapshots.append(keep(dict(reference.named_parameters())))
             if after_step is not None and (group := after_step(step)) is not None:
                 optimizer.add_param_group(group)
     finally:
         torch.set_num_threads(threads)
     still = [n for n, p in reference.named_parameters()
-             if p.grad is not None and torch.equal(p.detach().cpu(), snapshots[0][n])]
+             if p.grad is not None and torch.equal(p.detach().cpu(), first[n])]
     if still:
         raise RuntimeError(f"grader error: the reference did not move {', '.join(still)}; this test cannot tell")
+    snapshots[0] = keep(first)
     return snapshots
 
 
@@ -285,8 +287,8 @@ def run_sharded_optimizer(ranks, world_size: int, case: ZeroCase) -> Run:
     reference.load_state_dict(init)
     cls, kwargs = models.optimizer_class(case.optimizer)
     optimizer = cls(models.zero_groups(reference, asdict(case)), **kwargs)
-    expected = _train(reference, optimizer, batches, _mse, lambda step: models.added_group(reference, asdict(case), step))
-    expected = [training.sampled(e, sample) for e in expected] if sample is not None else expected
+    expected = _train(reference, optimizer, batches, _mse, lambda step: models.added_group(reference, asdict(case), step),
+                      keep=lambda named: training.sampled(named, sample))
     mismatch = compare(reports, expected, labels(case.steps), ZERO_DISAGREE)
     exclude = {p.untyped_storage().data_ptr() for p in reference.parameters()}
     exclude |= {p.grad.untyped_storage().data_ptr() for p in reference.parameters() if p.grad is not None}
@@ -317,10 +319,14 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
     vocab = case.shape.vocab
     batches = [{"ids": torch.randint(0, vocab, (BATCH, 6), generator=g),
                 "labels": torch.randint(0, vocab, (BATCH, 6), generator=g)} for _ in range(case.steps)]
-    init = models.lm_init(case.shape, g)
+    # A measured run's 24 MB of initial weights travel as a seed the grader drew (os.urandom):
+    # each rank makes the same tensors from it, before its model is filled (a submission that
+    # patched torch's generator only fills its own model wrongly, and fails the comparison).
+    seed = int.from_bytes(os.urandom(8), "little") >> 1
+    init = models.lm_init(case.shape, torch.Generator().manual_seed(seed) if case.measure else g)
     sample = draw_sample({k.split(".")[0]: v.numel() for k, v in init.items() if v.dim() == 2}, g) if case.measure else None
     job = {"case": {"optimizer": case.optimizer, "shape": asdict(case.shape), "compute_dtype": case.compute_dtype,
-                    "measure": case.measure}, "init": init, "sample": sample}
+                    "measure": case.measure}, "sample": sample, **({"init_seed": seed} if case.measure else {"init": init})}
     payloads = [wire.encode({**job, "batches": [shard(b, r, world_size) for b in batches]}) for r in range(world_size)]
     reports = ranks(training.train_fsdp, world_size, payloads)
     dtype = getattr(torch, case.compute_dtype) if case.compute_dtype else None
@@ -334,9 +340,7 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
         return F.cross_entropy(model(batch["ids"]).float().flatten(0, 1), batch["labels"].flatten())
 
     saved = memory.activation_bytes(reference, shard(batches[0], 0, world_size)["ids"]) if case.measure else 0
-    expected = _train(reference, optimizer, batches, cross_entropy)[1:]
-    if sample is not None:
-        expected = [training.sampled(e, sample) for e in expected]
+    expected = _train(reference, optimizer, batches, cross_entropy, keep=lambda named: training.sampled(named, sample))[1:]
     gathered = [{"params": [training.by_model_names(p, expected[0]) for p in r["params"]]} for r in reports]
     mismatch = compare(gathered, expected, labels(case.steps, construction=False), FSDP_DISAGREE,
                        DTYPE_TOLERANCE[case.compute_dtype])
