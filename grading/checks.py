@@ -195,7 +195,7 @@ def _train(reference: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     submission (one that never communicates, say) from a right one. One thread, as a rank
     computes: a gradient whose terms nearly cancel keeps the rounding of its summation order,
     and AdamW turns that into the weight. ``keep`` makes each snapshot (a sample of a large model)."""
-    first = training.snapshot(dict(reference.named_parameters()))
+    first = keep(dict(reference.named_parameters()))
     snapshots = [first]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -210,10 +210,9 @@ def _train(reference: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     finally:
         torch.set_num_threads(threads)
     still = [n for n, p in reference.named_parameters()
-             if p.grad is not None and torch.equal(p.detach().cpu(), first[n])]
+             if p.grad is not None and torch.equal(keep({n: p})[n], first[n])]
     if still:
         raise RuntimeError(f"grader error: the reference did not move {', '.join(still)}; this test cannot tell")
-    snapshots[0] = keep(first)
     return snapshots
 
 
@@ -334,6 +333,7 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
         reference = models.ReferenceLM(case.shape, init, reports[0]["layout"], dtype)
     except (ValueError, KeyError) as e:
         raise AssertionError(f"rank 0: the model built from cs336_basics' Linear and Embedding: {e}") from e
+    del init  # the reference holds its own copy
     optimizer = models.make_optimizer(case.optimizer, reference.parameters())
 
     def cross_entropy(model, batch):

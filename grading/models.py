@@ -173,15 +173,20 @@ def lm_forward(lm: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 def lm_init(shape: LMShape, g: torch.Generator) -> dict[str, torch.Tensor]:
     """The grader's initial weights, by layer, in the handout's layout: ``W`` (out, in), a bias
     for a Linear that has one, the embedding (vocab, d_model), the norm's gain."""
+    return {name: value for layer in lm_init_by_layer(shape, g) for name, value in layer.items()}
+
+
+def lm_init_by_layer(shape: LMShape, g: torch.Generator):
+    """``lm_init``'s weights one layer at a time, drawn in the same order: a rank that makes them
+    from the grader's seed holds one layer's at a time."""
     dims = lm_dims(shape)
-    init = {"embedding.weight": torch.randn(shape.vocab, shape.d_model, generator=g),
-            "norm.weight": 1 + 0.1 * torch.randn(shape.d_model, generator=g)}
+    yield {"embedding.weight": torch.randn(shape.vocab, shape.d_model, generator=g)}
+    yield {"norm.weight": 1 + 0.1 * torch.randn(shape.d_model, generator=g)}
     for layer in ("up", "down", "lm_head"):
         fan_in, fan_out = dims[layer]
         std = (2 / (fan_in + fan_out)) ** 0.5
-        init[f"{layer}.weight"] = torch.randn(fan_out, fan_in, generator=g) * std
-        init[f"{layer}.bias"] = torch.randn(fan_out, generator=g) * 0.1
-    return init
+        weight = torch.randn(fan_out, fan_in, generator=g) * std
+        yield {f"{layer}.weight": weight, f"{layer}.bias": torch.randn(fan_out, generator=g) * 0.1}
 
 
 def lm_dims(shape: LMShape) -> dict[str, tuple[int, int]]:
@@ -204,15 +209,19 @@ def arrange(init: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) ->
                      f"neither its weight {tuple(weight.shape)} (or transposed) nor a bias")
 
 
-def fill_lm(model: nn.Module, init: dict[str, torch.Tensor]) -> dict[str, list[int]]:
-    """Fill every parameter of ``model`` (a StudentLM) with the grader's initial weights, before
-    any wrapper sees it; where each went: its name and shape."""
+def fill_lm(model: nn.Module, init) -> dict[str, list[int]]:
+    """Fill every parameter of ``model`` (a StudentLM) with the grader's initial weights (a dict,
+    or ``lm_init_by_layer``'s layers), before any wrapper sees it; where each went: its name and shape."""
     layout = {}
+    named = dict(model.named_parameters())
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(arrange(init, name, tuple(p.shape)))
-            layout[name] = list(p.shape)
-    return layout
+        for layer in [init] if isinstance(init, dict) else init:
+            prefixes = {k.split(".")[0] for k in layer}
+            for name, p in named.items():
+                if name.split(".")[0] in prefixes:
+                    p.copy_(arrange(layer, name, tuple(p.shape)))
+                    layout[name] = list(p.shape)
+    return {name: layout[name] for name in named if name in layout}
 
 
 def student_lm(shape: LMShape, quick: bool = False) -> nn.Module:

@@ -149,10 +149,10 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
     shape = models.LMShape(**case["shape"])
     model = models.student_lm(shape, quick=measure)
     init = job.pop("init", None)
-    if init is None:  # a measured run's: from the grader's seed
-        init = models.lm_init(shape, torch.Generator().manual_seed(job["init_seed"]))
+    if init is None:  # a measured run's: from the grader's seed, one layer at a time, none held at the pauses
+        init = models.lm_init_by_layer(shape, torch.Generator().manual_seed(job["init_seed"]))
     layout = models.fill_lm(model, init)
-    del init  # not held at the pauses
+    del init
     dtype = getattr(torch, case["compute_dtype"]) if case.get("compute_dtype") else None
     fsdp = get(model, compute_dtype=dtype)
     optimizer = models.make_optimizer(case["optimizer"], fsdp.parameters())
