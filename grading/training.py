@@ -182,3 +182,6 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
     optimizer.zero_grad(set_to_none=True)
     return {"layout": layout, "params": gathered, "masters": masters, "output": output,
             "hint": hint(fsdp, "fsdp", set()) if measure else []}
+
+
+outside.freeze_in_fork_server()  # the fork server's last preload: see there

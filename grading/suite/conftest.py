@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from grading.outside import return_freed_memory
 from grading.problems import EDITIONS, GRADED
 from grading.ranks import RankFailure, run_ranks
 
@@ -22,6 +23,8 @@ if EDITION not in EDITIONS:
     raise pytest.UsageError(f"GRADING_EDITION must be one of {EDITIONS}, got {EDITION!r}")
 
 ONLY = tuple(filter(None, os.environ.get("GRADING_PROBLEMS", "").split(",")))  # grade just these
+
+return_freed_memory()  # the grader's own large blocks too: they must not pile up over a run
 
 _hung: dict[tuple[str, int], str] = {}  # (problem, world size) -> the test that timed out first
 
