@@ -18,7 +18,7 @@ pytestmark = pytest.mark.problem(PROBLEM)
 
 # The measured runs train with plain SGD: no optimizer state, so what a rank holds between steps
 # is its shards (grading/memory.py); two steps (the second's pause between forward and backward
-# is judged against the first's end), on a model of 24 MiB. A run serves every check of its
+# is judged against the first's end), on a model of 25 MiB. A run serves every check of its
 # world size and repetition (reports are small: sampled parameters and readings).
 MEASURED = FSDPCase(optimizer="public_sgd", steps=2, measure=True)
 
