@@ -36,6 +36,8 @@ def held(report: dict, rank: int, prefix: str) -> list[tuple[str, int]] | str:
     broken = [r["grader_error"] for r in readings if r.get("grader_error")]
     if broken:
         return f"grader error, not the submission's: {broken[0]}; its memory could not be read, so this check cannot tell"
+    if any(r["label"] == "too many pauses" for r in readings):
+        return f"rank {rank} sent more pause frames than the suite makes: its memory could not be read"
     unread = [r["label"] for r in readings if "bytes" not in r]
     if unread:
         return (f"rank {rank} did not stop at the grader's pause '{unread[0]}' (the rank stops itself with SIGSTOP "
