@@ -13,7 +13,9 @@ It never imports this repository's ``cs336_systems``: a submission brings its ow
 * models.py      the suite's models, built in a rank and, as the reference, in the grader
 * training.py    what a rank does: train through the adapters and report (rank side)
 * checks.py      what the grader does: data, reference training, comparisons (never imports the submission)
-* probes.py      collectives logged (during backward? bytes carried? left running?), tensors held or alive
+* probes.py      collectives logged (during backward? bytes carried? left running?); tensors an object holds (a hint)
+* outside.py     a rank's resident memory, read by the grader from /proc while the rank is stopped at a pause
+* memory.py      sharding judged from those readings: optimizer state per rank, FSDP weight by weight, freed after use
 * suite/         the hidden-style tests, one file per problem, each naming the handout's requirement
 * plugin.py      pytest plugin: repeats, each outcome to the harness over a pipe
 * report.py      scoring by the rubric (also make test's), results.json (Gradescope's schema), grade.md, grades.csv

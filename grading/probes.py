@@ -9,15 +9,13 @@
   layer above it are done and only the layers below remain: a collective logged before that
   moment overlapped backward.
 * ``held_tensors`` lists the tensor storages an object holds, however it nests them, each with
-  the path to it: the evidence a memory check shows. ``live_tensors`` lists every tensor storage
-  alive in the rank (a module-level global too), each with such a path where one is known.
+  the path to it: a hint a memory finding shows a TA, never a basis of points (memory is read
+  from outside the rank: grading/outside.py).
 """
 
 from __future__ import annotations
 
 import gc
-import sys
-import time
 import types
 from collections import deque
 from dataclasses import dataclass, field
@@ -170,87 +168,6 @@ def held_tensors(root: object, name: str, exclude: set[int] = frozenset()) -> li
     containers (dict keys too), instance attributes and slots, modules' parameter, buffer, hook
     and submodule tables, tensor attributes, bound methods and closures; not modules or classes."""
     return sorted(_walk(root, name, exclude).values(), key=lambda h: -h.nbytes)
-
-
-def reachable_storages(root: object) -> set[int]:
-    """The data pointers of every tensor storage reachable from ``root``."""
-    return set(_walk(root, "", set()))
-
-
-def count_from_here() -> None:
-    """Leave every object alive now (torch's, the grader's, the data a rank was sent) out of
-    ``live_tensors``: the collector's permanent generation, which it neither lists nor scans, so
-    a later count walks only what was made since (milliseconds, not a scan of torch's objects)."""
-    gc.freeze()
-
-
-# A collective's flat buffer can outlive its call for a moment: the backend's worker thread drops
-# its reference after wait() has returned, and torch keeps a tensor's Python object alive while
-# C++ holds it. Such a buffer once made a correct sharded optimizer count 75% of the unsharded
-# state (a 3200-element broadcast buffer). What a rank keeps is still there a moment later.
-SETTLE_S = (0.05, 0.2)
-
-
-def live_tensors(exclude: set[int], named: dict[str, object]) -> list[Holder]:
-    """Every tensor storage alive in this process and made since ``count_from_here``, except those
-    in ``exclude``: what a rank holds, wherever it keeps it (a module-level global too; the garbage
-    collector tracks every tensor). Counted again after each pause of ``SETTLE_S``; the smallest
-    count is kept, so a buffer in flight is not taken for state.
-    Each has its path from one of the ``named`` roots where one reaches it; if the largest has
-    none, the module global it hangs from is named."""
-    counts = [_live_tensors(exclude, named)]
-    for pause in SETTLE_S:
-        time.sleep(pause)
-        counts.append(_live_tensors(exclude, named))
-    return min(counts, key=lambda held: sum(h.nbytes for h in held))
-
-
-def _live_tensors(exclude: set[int], named: dict[str, object]) -> list[Holder]:
-    gc.collect()
-    reached: dict[int, Holder] = {}
-    for root_name, root in named.items():
-        for ptr, holder in _walk(root, root_name, exclude).items():
-            reached.setdefault(ptr, holder)
-    live: dict[int, Holder | torch.Tensor] = {}
-    for obj in gc.get_objects():
-        if issubclass(type(obj), torch.Tensor) and obj.device.type != "meta":  # type(): no proxy's __class__
-            storage = obj.untyped_storage()
-            ptr = storage.data_ptr()
-            if storage.nbytes() and ptr not in exclude and ptr not in live:
-                live[ptr] = reached.get(ptr, obj)
-    ordered = sorted(live.values(), key=lambda h: -(h.nbytes if isinstance(h, Holder) else h.untyped_storage().nbytes()))
-    out = []
-    for i, h in enumerate(ordered):
-        if isinstance(h, torch.Tensor):
-            where = _referrer(h, {id(live), id(ordered), id(reached)}) if i == 0 else "elsewhere in the rank"
-            h = Holder(where, tuple(h.shape), str(h.dtype).removeprefix("torch."), h.untyped_storage().nbytes())
-        out.append(h)
-    return out
-
-
-def _referrer(tensor: torch.Tensor, ignore: set[int]) -> str:
-    """Where a tensor no named root reaches lives: the module global it hangs from, found by
-    walking referrers up (breadth first, at most 16 steps: each scans every object)."""
-    modules = {id(vars(m)): name for name, m in list(sys.modules.items()) if m is not None}
-    frontier, seen = deque([(tensor, "")]), {id(tensor), *ignore}
-    for _ in range(16):
-        if not frontier:
-            break
-        obj, below = frontier.popleft()
-        for ref in gc.get_referrers(obj):
-            if id(ref) in seen or isinstance(ref, (types.FrameType, deque)):
-                continue
-            seen.add(id(ref))
-            step = ""
-            if isinstance(ref, dict):
-                key = next((k for k, v in ref.items() if v is obj), None)
-                if id(ref) in modules and isinstance(key, str):
-                    return f"global {modules[id(ref)]}.{key}{below}"
-                step = f"[{_label(key)}]"
-            elif isinstance(ref, (list, tuple)):
-                step = next((f"[{i}]" for i, v in enumerate(ref) if v is obj), "")
-            frontier.append((ref, step + below))
-    return "elsewhere in the rank (no global of the submission's names it)"
 
 
 def _walk(root: object, name: str, exclude: set[int]) -> dict[int, Holder]:

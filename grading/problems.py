@@ -65,8 +65,8 @@ RUBRIC: dict[str, Rubric] = {p: _rubric(p, t) for p, t in _TABLE.get("rubric", {
 
 def named_for(problem: str) -> str:
     """The words a point test's finding ends with when a solution misses what ``problem`` is named
-    for (not sharded, not overlapped): the report caps the problem on them, and on nothing else, so
-    a point test that fails only because training is wrong costs its share and no more."""
+    for (not sharded, not overlapped): they tell a TA which finding is the point. The cap does not
+    read them: a point test that fails for any reason caps its problem (report.apply_cap)."""
     return f"(what {problem} is named for)"
 
 

@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from grading.problems import GRADED, POINTS, RUBRIC, named_for, test_function
+from grading.problems import GRADED, POINTS, RUBRIC, test_function
 
 VISIBILITY = "visible"  # Gradescope: students see their results at once (or "after_published", ...)
 STDOUT_VISIBILITY = "hidden"  # the console log names the grader's paths; staff read it, students read "output"
@@ -104,21 +104,21 @@ def rubric_weights(problem: str, names: list[str]) -> list[float] | None:
 
 
 def apply_cap(problem: str, tests: list[TestGrade], points: int) -> list[TestGrade]:
-    """The problem's cap: when a test of what it is named for failed for want of it (its finding
-    ends with ``named_for``; a failure of training alone does not cap), the passed tests share at
-    most the capped points, in proportion to their shares."""
+    """The problem's cap: when a test of what it is named for failed, for any reason (its own
+    finding, wrong training, an exception, a timeout: a rank that recognised the test and raised
+    there must not trade the cap for the test's share), the passed tests share at most the capped
+    points, in proportion to their shares."""
     rubric = RUBRIC.get(problem)
     graded_tests = [t for t in tests if not t.beyond]
     if rubric is None or rubric_weights(problem, [t.name for t in graded_tests]) is None:
         return tests
-    missed = [t for t in graded_tests if test_function(t.name) in rubric.point and not t.passed
-              and named_for(problem) in t.reason]
+    missed = [t for t in graded_tests if test_function(t.name) in rubric.point and not t.passed]
     earned = sum(t.max_score for t in graded_tests if t.passed)
     limit = rubric.capped_points(points)
     if not missed or earned <= limit:
         return tests
     why = (f"{problem} is capped at {rubric.cap} of its points ({limit:g} of {points}): "
-           f"{missed[0].name.split('::')[-1]} found it missing what the problem is named for")
+           f"{missed[0].name.split('::')[-1]}, a test of what the problem is named for, did not pass")
     passed = [t for t in graded_tests if t.passed]
     capped = dict(zip(map(id, passed), shares(limit, [t.max_score for t in passed])))
     return [replace(t, capped_score=capped[id(t)], capped=why) if id(t) in capped else t for t in tests]

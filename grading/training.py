@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grading import models, probes
+from grading import models, outside, probes
 from grading.ranks import Rank
 from grading.submission import load_adapter
 
@@ -43,9 +43,32 @@ def by_model_names(named: dict[str, torch.Tensor], names) -> dict[str, torch.Ten
     return out
 
 
-def _holders(root: object, name: str, exclude: set[int]) -> dict:
-    held = probes.held_tensors(root, name, exclude)
-    return {"bytes": sum(h.nbytes for h in held), "largest": [h.line() for h in held[:3]]}
+def sampled(named: dict[str, torch.Tensor], sample: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor]:
+    """A snapshot, or with ``sample`` only some values of each large tensor: a model sized to be
+    seen in a rank's memory is too large to send back whole after every step. ``sample`` maps a
+    parameter name, or the first part of one (an FSDP model's layer: the submission names its
+    weight), to flat indices the grader drew; a tensor with fewer elements than the largest
+    index is kept whole (a bias, a norm's gain)."""
+    if sample is None:
+        return snapshot(named)
+    out = {}
+    for name, p in named.items():
+        idx = sample.get(name, sample.get(name.split(".")[0]))
+        flat = p.detach().to("cpu").reshape(-1)
+        out[name] = flat[idx].clone() if idx is not None and flat.numel() > int(idx.max()) else flat.clone().view(p.shape)
+    return out
+
+
+def hint(root: object, name: str, exclude: set[int]) -> list[str]:
+    """The largest tensors ``root`` reaches, counted inside the rank: shown to a TA as a hint of
+    where memory went, never a basis of points (the submission's code could hide or fake them)."""
+    return [h.line() for h in probes.held_tensors(root, name, exclude)[:3]]
+
+
+def drop_gradients(params) -> None:
+    """The suite's own: before a pause, no gradient stays, whatever the submission's zero_grad does."""
+    for p in params:
+        p.grad = None
 
 
 def train_ddp(ctx: Rank, job: dict) -> dict:
@@ -77,66 +100,88 @@ def train_ddp(ctx: Rank, job: dict) -> dict:
     return {"params": params, "reductions": reductions}
 
 
-def _storages(*roots: object) -> set[int]:
-    return {ptr for root in roots for ptr in probes.reachable_storages(root)}
-
-
 def train_sharded_optimizer(ctx: Rank, job: dict) -> dict:
     """Every rank computes the whole batch's gradients; the sharded optimizer steps. Parameter
-    groups, and a group added after a step, as the case says (models.zero_groups). The state:
-    every tensor made since the rank started but the model's, its gradients and the snapshots."""
-    case = job["case"]
-    if case["measure_state"]:
-        probes.count_from_here()  # before any of the submission's code: torch's and the grader's objects are not counted
+    groups, and a group added after a step, as the case says (models.zero_groups). With
+    ``measure_state``, the rank pauses for the grader to read its memory from outside
+    (grading/outside.py): once before any of the submission's code runs, and after every step
+    with no gradient left."""
+    case, sample = job["case"], job.get("sample")
+    measure = case["measure_state"]
+    if measure:
+        ctx.pause(outside.BEFORE)
     probes.install_collective_log()
     get = load_adapter("get_sharded_optimizer")
-    model = models.build("equal", layers=case["layers"])
+    model = models.build("equal", layers=case["layers"], width=case["width"])
     model.load_state_dict(job["init"])
     cls, kwargs = models.optimizer_class(case["optimizer"])
     optimizer = get(models.zero_groups(model, case), cls, **kwargs)
-    params = [snapshot(dict(model.named_parameters()))]
+    params = [sampled(dict(model.named_parameters()), sample)]
     for step, batch in enumerate(job["batches"], 1):
         optimizer.zero_grad()
         F.mse_loss(model(batch["x"]), batch["y"]).backward()
         optimizer.step()
-        params.append(snapshot(dict(model.named_parameters())))
+        params.append(sampled(dict(model.named_parameters()), sample))
+        if measure:
+            drop_gradients(model.parameters())
+            ctx.pause(f"after step {step}")
         if (added := models.added_group(model, case, step)) is not None:
             optimizer.add_param_group(added)
-    if not case["measure_state"]:
+    if not measure:
         return {"params": params}
-    exclude = _storages(params, model)
-    exclude |= {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None}
-    held = probes.live_tensors(exclude, {"optimizer": optimizer})
-    return {"params": params, "state": {"bytes": sum(h.nbytes for h in held), "largest": [h.line() for h in held[:3]]}}
+    return {"params": params, "hint": hint(optimizer, "optimizer", {p.untyped_storage().data_ptr() for p in model.parameters()})}
+
 
 
 def train_fsdp(ctx: Rank, job: dict) -> dict:
     """Build the model from the submission's layers, fill it with the grader's initial weights
     (models.fill_lm), report where each went, then train through the FSDP adapters on this
-    rank's shards with ``compute_dtype`` as the case says."""
+    rank's shards with ``compute_dtype`` as the case says. With ``measure``, the rank pauses for
+    the grader to read its memory from outside (grading/outside.py): before any of the
+    submission's code runs, between forward and backward, and after every step with no gradient
+    left (before the full parameters are gathered for the grader)."""
+    case, sample = job["case"], job.get("sample")
+    measure = case.get("measure", False)
+    if measure:
+        ctx.pause(outside.BEFORE)
     get, after = load_adapter("get_fsdp"), load_adapter("fsdp_on_after_backward")
     gather = load_adapter("fsdp_gather_full_params")
-    case = job["case"]
-    model = models.student_lm(models.LMShape(**case["shape"]))
-    layout = models.fill_lm(model, job["init"])
+    shape = models.LMShape(**case["shape"])
+    model = models.student_lm(shape, quick=measure)
+    init = job.pop("init", None)
+    if init is None:  # a measured run's: from the grader's seed, one layer at a time, none held at the pauses
+        init = models.lm_init_by_layer(shape, torch.Generator().manual_seed(job["init_seed"]))
+    layout = models.fill_lm(model, init)
+    del init
     dtype = getattr(torch, case["compute_dtype"]) if case.get("compute_dtype") else None
     fsdp = get(model, compute_dtype=dtype)
     optimizer = models.make_optimizer(case["optimizer"], fsdp.parameters())
     gathered, masters, output = [], {}, ""
-    for batch in job["batches"]:
+    for step, batch in enumerate(job["batches"], 1):
         optimizer.zero_grad(set_to_none=True)
         logits = fsdp(batch["ids"])
         output = output or str(logits.dtype)
-        F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten()).backward()
+        loss = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten())
+        if measure:
+            ctx.pause(f"between forward and backward of step {step}")
+        loss.backward()
+        del loss, logits
         after(fsdp, optimizer)
         masters = masters or {n: [str(p.dtype), str(p.grad.dtype) if p.grad is not None else ""]
                               for n, p in fsdp.named_parameters()}
         optimizer.step()
+        if measure:
+            drop_gradients(list(fsdp.parameters()) + list(model.parameters()))
+            ctx.pause(f"after step {step}")
         full = gather(fsdp)
         if not isinstance(full, dict):
             raise TypeError(f"fsdp_gather_full_params returned a {type(full).__name__}, not a dict of tensors")
-        gathered.append(snapshot({str(k): v for k, v in full.items() if isinstance(v, torch.Tensor)}))
+        full = {str(k): v for k, v in full.items() if isinstance(v, torch.Tensor)}
+        gathered.append(sampled(by_model_names(full, layout) if sample is not None else full, sample))
+        del full
     optimizer.zero_grad(set_to_none=True)
-    grads = {p.grad.untyped_storage().data_ptr() for p in fsdp.parameters() if p.grad is not None}
     return {"layout": layout, "params": gathered, "masters": masters, "output": output,
-            "resident": _holders(fsdp, "fsdp", grads)}
+            "hint": hint(fsdp, "fsdp", set()) if measure else []}
+
+
+outside.freeze_in_fork_server()  # the fork server's last preload: see there

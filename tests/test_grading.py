@@ -35,6 +35,30 @@ PER_PARAMETER, BUCKETED = "ddp_overlap_individual_parameters", "ddp_overlap_buck
 ZERO, FSDP = "optimizer_state_sharding", "fsdp"
 QUICK = Limits(test_timeout_s=60, submission_timeout_s=600)
 
+REGATHER = """    def forward(self, *args, **kwargs):
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            return self.module(*args, **kwargs)
+
+    def _pack(self, t):
+        for m in self.sharded:
+            w = m.__dict__.get("weight")
+            if w is not None and t.untyped_storage().data_ptr() == w.untyped_storage().data_ptr():
+                return (m, t.shape, t.stride(), t.storage_offset())
+        return t
+
+    def _unpack(self, saved):
+        if not isinstance(saved, tuple):
+            return saved
+        m, shape, stride, offset = saved
+        full_shape, numel = self.sharded[m]
+        shard = m._parameters["weight"].detach()
+        parts = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, shard.contiguous())
+        full = torch.cat(parts)[:numel].view(full_shape)
+        full = full if self.compute_dtype is None else full.to(self.compute_dtype)
+        return full.as_strided(shape, stride, offset)
+"""
+
 # name -> edits (file, old text, new text), each applied exactly once
 MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     "sums": [("cs336_systems/ddp.py", "        p.grad.div_(self.world_size)\n", "")],
@@ -65,6 +89,17 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
                         "                if full.shape[0] % world:\n"
                         "                    raise ValueError(f'dim 0 of {tuple(full.shape)} does not divide {world} ranks')\n"
                         "                per = math.ceil(full.numel() / world)\n")],
+    # each rank steps the parameters i % 2 == rank: written for 2 ranks, at 3 rank 2 owns none
+    "two_ranks_partition": [("cs336_systems/sharded_optimizer.py", "if i % self.world_size == self.rank]", "if i % 2 == self.rank]"),
+                            ("cs336_systems/sharded_optimizer.py", "dist.broadcast(p.data, src=i % self.world_size)",
+                             "dist.broadcast(p.data, src=i % 2)")],
+    "embedding_unsharded": [("cs336_systems/fsdp.py", "if isinstance(m, (Linear, Embedding)):", "if isinstance(m, Linear):")],
+    # equivalent variants: more padding per shard; the gathered weight autograd saves is freed
+    # after forward and gathered again when backward needs it (saved-tensor hooks)
+    "padded_shards": [("cs336_systems/fsdp.py", "                per = math.ceil(full.numel() / world)\n",
+                       "                per = math.ceil(full.numel() / world) + 100\n")],
+    "regathers": [("cs336_systems/fsdp.py", "    def forward(self, *args, **kwargs):\n        return self.module(*args, **kwargs)\n",
+                   REGATHER)],
     "reseeds": [("cs336_systems/ddp.py", "    for tensor in module.state_dict().values():\n        dist.broadcast(tensor, src=0)\n",
                  "    torch.manual_seed(0)  # the same weights everywhere, without communicating\n"
                  "    for m in module.modules():\n"
@@ -74,9 +109,10 @@ MUTANTS: dict[str, list[tuple[str, str, str]]] = {
 
 
 def make_submission(tmp_path: Path, mutant: str | None = None, stub: bool = False) -> Path:
+    """The fixture with ``mutant``'s edits (several mutants joined by "+")."""
     tree = tmp_path / (mutant or ("stub" if stub else "correct"))
     shutil.copytree(FIXTURE, tree, ignore=shutil.ignore_patterns("__pycache__"))
-    for file, old, new in MUTANTS.get(mutant, []):
+    for file, old, new in [edit for name in (mutant or "").split("+") for edit in MUTANTS.get(name, [])]:
         text = (tree / file).read_text()
         assert text.count(old) == 1, f"mutant {mutant}: {old!r} is not in {file} exactly once"
         (tree / file).write_text(text.replace(old, new))
@@ -141,7 +177,7 @@ MATCHES = "test_matches_single_process"
      "no all-reduce was issued while backward ran"),
     ("ignores_bucket_size", (BUCKETED,), (), "test_all_reduces_follow_bucket_size",
      "per step (steps 2 and 3, rank 0) for 10 gradients"),
-    ("full_optimizer_state", (ZERO,), (), "test_state_is_sharded", "of optimizer state"),
+    ("full_optimizer_state", (ZERO,), (), "test_state_is_sharded", "the optimizer state is not sharded"),
     ("reseeds", (PER_PARAMETER,), (), MATCHES, "after construction (every rank must start from rank 0's weights)"),
 ])
 def test_wrong_submission_loses_what_it_breaks(tmp_path, mutant, broken, kept, select, reason):
@@ -165,18 +201,47 @@ def test_partial_credit_is_per_test(tmp_path):
     assert [t.requirement.split(":")[0] for t in graded.tests if not t.passed] == ["handout"]
 
 
-def test_a_bug_at_world_size_three_costs_the_world_size_three_tests(tmp_path):
+def test_a_bug_at_world_size_three_caps_the_problem(tmp_path):
     """A sharded optimizer that broadcasts from ranks 0 and 1 only is right at 2 ranks, wrong at 3:
-    it loses the world-size-3 tests' shares (1 + 1 + 1 + 4 of 15), and no cap, since its state
-    is sharded (the sharding test at 3 ranks fails for its training only)."""
+    it fails the world-size-3 tests, the sharding tests at 3 ranks among them (for their training
+    only: its state is sharded), and a point test that fails for any reason caps the problem."""
     graded = grade(make_submission(tmp_path, "two_ranks_only"), tmp_path / "out", 1, "2025", QUICK, quiet=True,
                    only=(ZERO,))
-    assert points(graded, ZERO) == 8.0
+    assert points(graded, ZERO) == 5.0
     assert sorted(t.name for t in graded.tests if not t.passed) == [
-        "test_sharded_optimizer.py::test_add_param_group[3-sgd]", "test_sharded_optimizer.py::test_matches_single_process[3]",
-        "test_sharded_optimizer.py::test_parameter_groups[3-adamw]", "test_sharded_optimizer.py::test_state_is_sharded[3]"]
+        "test_sharded_optimizer.py::test_add_param_group[3-sgd]", "test_sharded_optimizer.py::test_every_rank_keeps_its_share",
+        "test_sharded_optimizer.py::test_matches_single_process[3]", "test_sharded_optimizer.py::test_parameter_groups[3-adamw]",
+        "test_sharded_optimizer.py::test_state_is_sharded[3]"]
     assert all(line.startswith("rank ") and "after step 1 of 3 differs from single-process training" in line
                and "(tolerance" in line for line in failures(graded, ZERO)), failures(graded, ZERO)
+
+
+def test_sharding_checks_fail_what_skips_them(tmp_path):
+    """Each sharding check fails the fixture's mutant that skips what it checks, saying why: an
+    optimizer partition written for 2 ranks (rank 2 keeps no state at 3 ranks: only the check of
+    every rank's share finds it) and an FSDP that leaves the Embedding unsharded (found weight by
+    weight at 2 and 3 ranks). Each problem is capped; training is right in both."""
+    graded = grade(make_submission(tmp_path, "two_ranks_partition+embedding_unsharded"), tmp_path / "out", 1, "2026",
+                   QUICK, quiet=True, only=(ZERO, FSDP),
+                   select="test_matches_single_process or test_state_is_sharded or test_every_rank_keeps_its_share "
+                          "or test_parameters_are_sharded")
+    assert [t.name for t in graded.tests if not t.passed and not t.beyond] == [
+        "test_sharded_optimizer.py::test_every_rank_keeps_its_share",
+        "test_fsdp.py::test_parameters_are_sharded[2]", "test_fsdp.py::test_parameters_are_sharded[3]"], failures(graded, FSDP)
+    (share,) = failures(graded, ZERO)
+    assert share.startswith("rank 2 holds at most") and "this rank was given no share of the parameters" in share
+    assert all(line.startswith("rank 0 holds") and "weights are not sharded" in line and "[hint, counted inside the rank: "
+               "largest fsdp.module.embedding.weight" in line for line in failures(graded, FSDP)), failures(graded, FSDP)
+    assert points(graded, ZERO) == 5.0 and points(graded, FSDP) <= 5.0  # at most the cap (FSDP earns less anyway)
+
+
+def test_equivalent_fsdp_variants_pass_the_memory_checks(tmp_path):
+    """More padding per shard, and gathered weights freed after forward and gathered again in
+    backward: every measured check passes, the one beyond the handout (gathered weights freed) too."""
+    graded = grade(make_submission(tmp_path, "padded_shards+regathers"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
+                   only=(FSDP,), select="test_matches_single_process or test_parameters_are_sharded or test_gathered")
+    assert [t.output for t in graded.tests if not t.passed] == []
+    assert any(t.beyond and t.name.endswith("test_gathered_weights_are_freed") for t in graded.tests)
 
 
 def test_checks_beyond_the_handout_cost_nothing(tmp_path):
@@ -185,7 +250,7 @@ def test_checks_beyond_the_handout_cost_nothing(tmp_path):
     graded = grade(make_submission(tmp_path, "refuses_uneven"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
                    only=(FSDP,))
     assert points(graded, FSDP) == 15.0, failures(graded, FSDP)
-    (beyond,) = [t for t in graded.tests if t.beyond]
+    (beyond,) = [t for t in graded.tests if t.beyond and "test_uneven_shards" in t.name]
     assert not beyond.passed and "does not divide 3 ranks" in beyond.output and beyond.max_score == 0
     assert "- `test_fsdp.py::test_uneven_shards`: rank" in (tmp_path / "out" / "grade.md").read_text()
 
@@ -194,7 +259,7 @@ def test_fsdp_keeping_full_weights_loses_fsdp(tmp_path):
     graded = grade(make_submission(tmp_path, "full_weights"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
                    only=(FSDP,), select="test_parameters_are_sharded")
     assert points(graded, FSDP) < 15
-    assert any("bytes of parameters between steps" in line and "largest: fsdp.module.up.full_copy → tensor 48×24"
+    assert any("MB between steps" in line and "weights are not sharded" in line and "full_copy → tensor"
                in line for line in failures(graded, FSDP)), failures(graded, FSDP)
 
 

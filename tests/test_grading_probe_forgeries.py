@@ -6,8 +6,9 @@ its forgeries: each must get what its code deserves.
   would never move. The grader chooses the weights and fills the model before it is wrapped:
   0 points.
 * A sharded optimizer that keeps the full state of every parameter on every rank in a
-  module-level global, out of reach of the optimizer object: every tensor alive in the rank is
-  counted, so the state is not sharded, and the problem is capped at a third.
+  module-level global, out of reach of the optimizer object: the rank's resident memory, read
+  from outside it, counts it wherever it is kept, so the state is not sharded, and the problem
+  is capped at a third.
 * DDP that all-reduces every gradient in one flat tensor after backward, and issues a 1-element
   all-reduce per gradient during backward: the probes record the bytes each carried, so
   neither the overlap nor the bucket count is met by the dummies, and both problems are capped.
@@ -125,12 +126,12 @@ def test_zero_initialised_fsdp_and_optimizer_state_in_a_global(tmp_path):
                    select="test_adamw or test_parameters_are_sharded or test_state_is_sharded or test_sgd_with_momentum")
     assert points(graded, FSDP) == 0
     lines = failures(graded, FSDP)
-    assert len(lines) == 3 and all("hold different weights after step 1 of 3" in line
+    assert len(lines) == 3 and all("hold different weights after step 1 of" in line
                                    or "differs from single-process training" in line for line in lines), lines
     lines = failures(graded, ZERO)
-    assert len(lines) == 2 and all(f"not sharded {named_for(ZERO)}" in line for line in lines), lines
-    assert all("largest: global cs336_systems.sharded_optimizer._INNER[" in line for line in lines), lines
-    assert points(graded, ZERO) == pytest.approx(15 / 9, abs=2e-4)  # the SGD test's share of those selected
+    assert len(lines) == 2 and all(f"not sharded {named_for(ZERO)}" in line and "read from outside the rank" in line
+                                   for line in lines), lines
+    assert points(graded, ZERO) == pytest.approx(15 / 7, abs=2e-4)  # the SGD test's share of those selected
 
 
 def test_dummy_all_reduces_during_backward_do_not_overlap(tmp_path):

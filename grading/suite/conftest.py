@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from grading.outside import return_freed_memory
 from grading.problems import EDITIONS, GRADED
 from grading.ranks import RankFailure, run_ranks
 
@@ -22,6 +23,8 @@ if EDITION not in EDITIONS:
     raise pytest.UsageError(f"GRADING_EDITION must be one of {EDITIONS}, got {EDITION!r}")
 
 ONLY = tuple(filter(None, os.environ.get("GRADING_PROBLEMS", "").split(",")))  # grade just these
+
+return_freed_memory()  # the grader's own large blocks too: they must not pile up over a run
 
 _hung: dict[tuple[str, int], str] = {}  # (problem, world size) -> the test that timed out first
 
@@ -59,3 +62,11 @@ def ranks(request: pytest.FixtureRequest):
             pytest.fail(failure.reason, pytrace=False)
 
     return run
+
+
+@pytest.fixture
+def repetition(request: pytest.FixtureRequest) -> int:
+    """Which repetition of its test this is (grading.plugin's ``--grading-repeats``); 1 where the
+    plugin is not loaded (``make test`` runs the suite on this checkout without it)."""
+    callspec = getattr(request.node, "callspec", None)
+    return callspec.params.get("grading_repetition", 1) if callspec is not None else 1

@@ -8,18 +8,37 @@ do since release 26.1.4); uneven shards are checked beyond the handout, for 0 po
 
 import pytest
 
-from grading.checks import FSDPCase, findings, run_fsdp, sharding_finding
+from grading.checks import FSDPCase, findings, run_fsdp
+from grading.memory import freed_finding, weights_finding
 from grading.models import LMShape
 
 PROBLEM = "fsdp"
 pytestmark = pytest.mark.problem(PROBLEM)
 
 
+# The measured runs train with plain SGD: no optimizer state, so what a rank holds between steps
+# is its shards (grading/memory.py); two steps (the second's pause between forward and backward
+# is judged against the first's end), on a model of 25 MiB. A run serves every check of its
+# world size and repetition (reports are small: sampled parameters and readings).
+MEASURED = FSDPCase(optimizer="public_sgd", steps=2, measure=True)
+
+
+_measured: dict[tuple[int, int], object] = {}  # (world size, repetition) -> its run, for the next test to read too
+
+
+def measured(ranks, world_size: int, repetition: int):
+    """The measured run at ``world_size`` of this repetition: one run serves every check of it."""
+    if (world_size, repetition) not in _measured:
+        _measured[world_size, repetition] = run_fsdp(ranks, world_size, MEASURED)
+    return _measured[world_size, repetition]
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_matches_single_process(ranks, world_size):
+def test_matches_single_process(ranks, world_size, repetition):
     """handout: training through the FSDP wrapper matches single-process training; the gathered
-    full parameters equal the reference's after every step."""
-    run_fsdp(ranks, world_size, FSDPCase()).assert_matches()
+    full parameters equal the reference's after every step (SGD as the public tests train, on the
+    measured model, a sample of every weight's values)."""
+    measured(ranks, world_size, repetition).assert_matches()
 
 
 def test_adamw(ranks):
@@ -51,11 +70,24 @@ def test_compute_dtype(ranks, compute_dtype):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_parameters_are_sharded(ranks, world_size):
-    """handout: each rank keeps 1/world size of each Linear and Embedding weight between steps,
-    and frees the gathered full weights after use; it still trains as single-process training does."""
-    run = run_fsdp(ranks, world_size, FSDPCase())
-    findings(sharding_finding(run.reports, "resident", run.full_bytes, "parameters between steps", PROBLEM), run.mismatch)
+def test_parameters_are_sharded(ranks, world_size, repetition):
+    """handout: "This leaves us with the embedding layer and every linear layer" to shard: each
+    rank keeps 1/world size of each Linear and Embedding weight between steps (its memory read
+    from outside, on a model whose four weights are of one size, so any one kept whole shows); it
+    still trains as single-process training does."""
+    run = measured(ranks, world_size, repetition)
+    findings(weights_finding(run.reports, run.weights, run.replicated, PROBLEM), run.mismatch)
+
+
+@pytest.mark.beyond_handout
+def test_gathered_weights_are_freed(ranks, repetition):
+    """handout: "Make sure to free the gathered weights after use", and in the backward pass
+    all-gather again: between forward and backward a rank holds its shards, the activations and at
+    most one gathered weight in flight (its memory read from outside). Reported for 0 points until
+    the course's reference solution is checked to pass it (autograd keeps a gathered weight that a
+    matmul saved, unless backward gathers it again)."""
+    run = measured(ranks, 3, repetition)
+    findings(freed_finding(run.reports, run.weights, run.activations, PROBLEM), run.mismatch)
 
 
 @pytest.mark.beyond_handout

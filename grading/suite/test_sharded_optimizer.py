@@ -1,24 +1,35 @@
 """optimizer_state_sharding: an optimizer wrapper that keeps only this rank's share of the state.
 
 The grader compares every rank's parameters with an unsharded optimizer's after every step, and
-the state each rank holds (every tensor alive in the rank but the model's, its gradients and the
-grader's data: a module-level global counts too) with that optimizer's (grading/checks.py).
+the state each rank holds with that optimizer's: the rank's resident memory beyond the model's
+parameters, read by the grader from outside the rank while it is stopped after each step
+(grading/outside.py, grading/memory.py), wherever the submission keeps it.
 """
 
 import pytest
 
-from grading.checks import ZeroCase, findings, run_sharded_optimizer, sharding_finding
+from grading.checks import ZeroCase, findings, run_sharded_optimizer
+from grading.memory import state_finding
 
 PROBLEM = "optimizer_state_sharding"
 pytestmark = pytest.mark.problem(PROBLEM)
 
 
+_measured: dict[tuple[int, int], object] = {}  # (world size, repetition) -> its run: one run serves both checks
+
+
+def measured(ranks, world_size: int, repetition: int):
+    if (world_size, repetition) not in _measured:
+        _measured[world_size, repetition] = run_sharded_optimizer(ranks, world_size, ZeroCase(measure_state=True))
+    return _measured[world_size, repetition]
+
+
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_matches_single_process(ranks, world_size):
+def test_matches_single_process(ranks, world_size, repetition):
     """handout: "Calls the wrapped optimizer's step() method ... After updating the parameters,
     synchronize with the other ranks": each parameter is stepped as the unsharded optimizer steps
     it, and every rank ends each step with every parameter (AdamW)."""
-    run_sharded_optimizer(ranks, world_size, ZeroCase()).assert_matches()
+    measured(ranks, world_size, repetition).assert_matches()
 
 
 def test_sgd_with_momentum(ranks):
@@ -44,8 +55,18 @@ def test_add_param_group(ranks, world_size, optimizer):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_state_is_sharded(ranks, world_size):
-    """handout: "these parameters will be sharded across all the ranks": each rank keeps the
-    optimizer state of about 1/world size of the parameters, and still trains as the unsharded one."""
-    run = run_sharded_optimizer(ranks, world_size, ZeroCase(measure_state=True))
-    findings(sharding_finding(run.reports, "state", run.full_bytes, "optimizer state", PROBLEM), run.mismatch)
+def test_state_is_sharded(ranks, world_size, repetition):
+    """handout: "these parameters will be sharded across all the ranks": no rank keeps much more
+    than the optimizer state of 1/world size of the parameters (its memory read from outside), and
+    it still trains as the unsharded one."""
+    run = measured(ranks, world_size, repetition)
+    findings(state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "over"), run.mismatch)
+
+
+def test_every_rank_keeps_its_share(ranks, repetition):
+    """handout: "these parameters will be sharded across all the ranks": at world size 3, every
+    rank holds a share of the optimizer state, at least a third of 1/world size (its memory read
+    from outside; a partition written for 2 ranks leaves the third without), and it still trains
+    as the unsharded one."""
+    run = measured(ranks, 3, repetition)
+    findings(state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "under"), run.mismatch)

@@ -1,0 +1,163 @@
+"""Sharding judged from a rank's resident memory, read by the grader from outside the rank.
+
+Each rank of a measured test pauses (grading/outside.py): once before any of the submission's
+code runs, then at the points a check names; what a rank *holds* at a pause is its resident
+memory there less its memory at the first pause: everything the submission's code (and the
+suite's training loop beside it) made and kept, wherever it keeps it, a module global or a
+helper process included. The models are sized so that what each check looks for is many
+megabytes, several times the spread of that difference over runs of a correct solution under
+load (README, "How sharding is measured"); each bound lies halfway between what a correct
+solution holds and what the weakest solution it must catch holds.
+
+Every finding says the requirement, the megabytes seen against the bound, and what a correct
+solution and the weak one would hold, so a TA can check it. The largest tensors the
+submission's object reaches, counted inside the rank, follow as a hint, labelled as such.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from grading.outside import BEFORE, KEY
+from grading.problems import named_for
+
+MB = 2**20
+
+
+def mb(n: float) -> str:
+    return f"{n / MB:.1f} MB"
+
+
+def held(report: dict, rank: int, prefix: str) -> list[tuple[str, int]] | str:
+    """(label, bytes held) at each pause whose label starts with ``prefix``; or the finding that a
+    pause was not read (the rank did not stop: its memory could not be read from outside)."""
+    readings = report.get(KEY) or []
+    broken = [r["grader_error"] for r in readings if r.get("grader_error")]
+    if broken:
+        return f"grader error, not the submission's: {broken[0]}; its memory could not be read, so this check cannot tell"
+    if any(r["label"] == "too many pauses" for r in readings):
+        return f"rank {rank} sent more pause frames than the suite makes: its memory could not be read"
+    unread = [r["label"] for r in readings if "bytes" not in r]
+    if unread:
+        return (f"rank {rank} did not stop at the grader's pause '{unread[0]}' (the rank stops itself with SIGSTOP "
+                "while the grader reads its memory from outside): its memory could not be read")
+    base = [r for r in readings if r["label"] == BEFORE]
+    found = [(r["label"], r["bytes"] - base[0]["bytes"]) for r in readings if r["label"].startswith(prefix)] if base else []
+    if len(base) != 1 or not found:
+        return f"rank {rank} reported {len(readings)} pauses, not the ones the suite makes: its memory could not be read"
+    return found
+
+
+def _hint(report: dict) -> str:
+    lines = report.get("hint") or []
+    return f" [hint, counted inside the rank: largest {'; '.join(map(str, lines[:3]))}]" if lines else ""
+
+
+# Bounds on a rank's optimizer state as a fraction of the unsharded optimizer's: above 1/ws by at
+# most this much (a split by whole tensors), and at least this fraction of 1/ws (none left empty).
+STATE_OVER = 0.25
+STATE_FLOOR = 1 / 3
+
+
+def state_finding(reports: list[dict], full_state: int, model_bytes: int, problem: str, side: str) -> str:
+    """Every rank keeps about 1/world size of the optimizer state, from one ``side``: "over", at
+    most 1/ws + ``STATE_OVER`` of the unsharded state (least over the steps: a buffer in flight at
+    one pause is not state); "under", at least ``STATE_FLOOR`` of 1/ws (most over the steps). What
+    a rank holds beyond the model's parameters (``model_bytes``: gradients are dropped before each
+    pause) is its state. "" or the first rank's finding, ending with ``named_for(problem)``."""
+    ws = len(reports)
+    high, low = full_state * (1 / ws + STATE_OVER), full_state / ws * STATE_FLOOR
+    for rank, report in enumerate(reports):
+        steps = held(report, rank, "after step")
+        if isinstance(steps, str):
+            return f"{steps} {named_for(problem)}"
+        state = [(label, b - model_bytes) for label, b in steps]
+        least, most = min(state, key=lambda s: s[1]), max(state, key=lambda s: s[1])
+        if side == "over" and least[1] > high:
+            return (f"rank {rank} holds {mb(least[1])} beyond the model's {mb(model_bytes)} at every pause (least: "
+                    f"{least[0]}), {least[1] / full_state:.0%} of the {mb(full_state)} the unsharded optimizer keeps "
+                    f"(read from outside the rank; sharded over {ws} ranks: about {mb(full_state / ws)}, at most "
+                    f"{mb(high)}): the optimizer state is not sharded {named_for(problem)}{_hint(report)}")
+        if side == "under" and most[1] < low:
+            return (f"rank {rank} holds at most {mb(most[1])} beyond the model ({most[0]}) while each of {ws} ranks "
+                    f"should keep about 1/{ws} of the {mb(full_state)} of optimizer state ({mb(full_state / ws)}; at "
+                    f"least {mb(low)}): this rank was given no share of the parameters (a partition written for "
+                    f"another world size?) {named_for(problem)}{_hint(report)}")
+    return ""
+
+
+# What a correct FSDP rank keeps after a step beyond its shards, whatever the model's size: the
+# training loop's, autograd's and gloo's own (thread stacks, small buffers) and the submission's
+# imports. 1.1 to 1.3 MB for the correct fixture at 2 and 3 ranks, 12 and 24 MB of shards.
+TRAINING_KEEPS = int(1.2 * MB)
+
+
+def weights_finding(reports: list[dict], weights: dict[str, int], replicated: int, problem: str) -> str:
+    """Each Linear and Embedding weight held at 1/world size between steps, checked weight by
+    weight: the model's weights are of one size (models.MEASURED_LM), so one weight kept whole
+    adds ``w·(1 - 1/ws)``, and the bound lies halfway between that and a fully sharded rank
+    (1/ws of every weight, the replicated parameters whole, ``TRAINING_KEEPS``). The least over
+    the steps is judged."""
+    ws = len(reports)
+    total = sum(weights.values())
+    expected = total / ws + replicated + TRAINING_KEEPS
+    one_whole = min(weights.values()) * (1 - 1 / ws)
+    bound = expected + one_whole / 2
+    for rank, report in enumerate(reports):
+        steps = held(report, rank, "after step")
+        if isinstance(steps, str):
+            return f"{steps} {named_for(problem)}"
+        label, least = min(steps, key=lambda s: s[1])
+        if least > bound:
+            return (f"rank {rank} holds {mb(least)} between steps (least: {label}; read from outside the rank), over "
+                    f"the {mb(bound)} allowed: 1/{ws} of each Linear and Embedding weight comes to {mb(total / ws)} "
+                    f"(+ {mb(replicated)} replicated, + {mb(TRAINING_KEEPS)} the training keeps), and any one of {', '.join(weights)} "
+                    f"({mb(min(weights.values()))} each) kept whole adds {mb(one_whole)}: weights are not sharded "
+                    f"{named_for(problem)}{_hint(report)}")
+    return ""
+
+
+def freed_finding(reports: list[dict], weights: dict[str, int], activations: int, problem: str) -> str:
+    """Between forward and backward a rank holds what it held after the step before, the
+    activations saved for backward, and at most one gathered weight in flight (a prefetch): the
+    handout's "free the gathered weights after use"; a second gathered weight kept means backward
+    does not gather again. The bound lies halfway between one and two weights kept; the least
+    over steps 2 on is judged (step 1 may make what later steps keep)."""
+    one = max(weights.values())
+    for rank, report in enumerate(reports):
+        between, after = held(report, rank, "between forward"), held(report, rank, "after step")
+        for found in (between, after):
+            if isinstance(found, str):
+                return f"{found} {named_for(problem)}"
+        if len(between) < 2 or len(after) < len(between) - 1:
+            return f"rank {rank} reported {len(between)} pauses between forward and backward: too few to judge {named_for(problem)}"
+        more = [(label, b - a) for (label, b), (_, a) in zip(between[1:], after)]
+        label, added = min(more, key=lambda s: s[1])
+        extra = added - activations
+        least = added
+        if extra > 1.5 * one:
+            return (f"rank {rank} holds {mb(least)} more between forward and backward ({label}) than after "
+                    f"the step before; the activations saved for backward are about {mb(activations)}, so "
+                    f"{mb(extra)} is kept, about {extra / one:.1f} gathered weights of {mb(one)} (at most one in flight "
+                    f"allowed, bound {mb(1.5 * one)}): the gathered weights are not freed after use, and backward does "
+                    f"not gather them again {named_for(problem)}{_hint(report)}")
+    return ""
+
+
+def activation_bytes(reference: torch.nn.Module, ids: torch.Tensor) -> int:
+    """What one rank's forward keeps for backward, as single-process training on its shard keeps
+    it: the tensors autograd saves that are not parameters, and the logits."""
+    params = {p.untyped_storage().data_ptr() for p in reference.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = reference(ids)
+        F.cross_entropy(logits.float().flatten(0, 1), ids.flatten())
+    return sum(saved.values()) + logits.untyped_storage().nbytes()

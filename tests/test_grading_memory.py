@@ -1,0 +1,172 @@
+"""The grader reads a rank's memory from outside it (grading/outside.py) and judges sharding from
+what it read (grading/memory.py).
+
+* The pause protocol on a plain forked process: what it allocates between two pauses shows in
+  the grader's reading, whatever the process names or hides; a process that does not stop is
+  read as unread, never as small.
+* Each sharding finding on the readings a correct rank and a weak one give (the megabytes of
+  the correct fixture, measured under load: a spread of 0.1 MB): the correct one passes, a
+  weight or a share short fails, and the finding says what a TA needs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from grading import outside
+from grading.memory import MB, freed_finding, state_finding, weights_finding
+from grading.problems import named_for
+from grading.ranks import _frame
+
+pytestmark = pytest.mark.problem("beyond")
+
+
+def _read_child(allocate_mb: int, stop: bool = True) -> list[dict]:
+    """Fork a process that pauses, allocates ``allocate_mb`` MB and keeps it in a global, pauses
+    again and exits; the grader's readings of it."""
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest, no torch work beyond this
+        os.close(reader)
+        try:
+            if not stop:
+                os.kill = lambda *a: None  # a submission that patched the stop away
+            outside.prepare_rank()
+            outside.pause(writer, outside.BEFORE)
+            globals()["kept"] = torch.ones(allocate_mb * MB // 4)
+            outside.pause(writer, "after step 1")
+        finally:
+            os._exit(0)
+    os.close(writer)
+    buffer, readings = bytearray(), []
+    while chunk := os.read(reader, 1 << 16):
+        buffer += chunk
+        outside.take_pauses(buffer, pid, readings, _frame)
+    os.close(reader)
+    os.waitpid(pid, 0)
+    return readings
+
+
+def test_memory_a_process_keeps_is_read_from_outside():
+    """8 MB kept in a module global between two pauses: the reading shows 8 MB (within 1 MB),
+    and the child, stopped at each pause, went on to exit."""
+    readings = _read_child(8)
+    assert [r["label"] for r in readings] == [outside.BEFORE, "after step 1"], readings
+    grown = readings[1]["bytes"] - readings[0]["bytes"]
+    assert 8 * MB <= grown < 9 * MB, grown / MB
+
+
+def test_a_process_that_does_not_stop_is_not_read(monkeypatch):
+    """Its os.kill patched: the grader waits, then records the pause without a reading, and the
+    check that needs it says so instead of passing."""
+    monkeypatch.setattr(outside, "STOP_WAIT_S", 0.3)
+    readings = _read_child(1, stop=False)
+    assert readings and all("bytes" not in r for r in readings), readings
+    found = state_finding([{"outside": readings}] * 2, 12 * MB, 6 * MB, "optimizer_state_sharding", "over")
+    assert "did not stop at the grader's pause" in found and named_for("optimizer_state_sharding") in found
+
+
+def _report(base: int, **held_mb: list[float]) -> dict:
+    """A rank's readings: ``after_step=[...]`` and ``between=[...]`` in MB held above ``base``."""
+    readings = [{"label": outside.BEFORE, "bytes": base}]
+    after, between = held_mb.get("after_step", []), held_mb.get("between", [])
+    for step in range(1, max(len(after), len(between)) + 1):
+        if step <= len(between):
+            readings.append({"label": f"between forward and backward of step {step}", "bytes": base + int(between[step - 1] * MB)})
+        if step <= len(after):
+            readings.append({"label": f"after step {step}", "bytes": base + int(after[step - 1] * MB)})
+    return {"outside": readings, "hint": ["optimizer.local.state → tensor 512×512 float32 (1048576 bytes)"]}
+
+
+ZERO = "optimizer_state_sharding"
+STATE, MODEL = 12 * MB, 6 * MB  # AdamW of the measured model (6 layers of 512×512), and the model
+
+
+@pytest.mark.parametrize("world_size, correct, weak", [
+    (2, [12.40, 12.44, 12.43], [18.38, 18.43, 18.44]),  # sharded: 6 MB of state; unsharded: 12
+    (3, [10.43, 10.45, 10.49], [18.37, 18.38, 18.38]),
+])
+def test_state_over_its_share_is_not_sharded(world_size, correct, weak):
+    """The fixture's readings (model + state) pass; every rank keeping the whole state fails, with
+    the megabytes against the bound and the in-rank hint labelled as such."""
+    assert state_finding([_report(400 * MB, after_step=correct)] * world_size, STATE, MODEL, ZERO, "over") == ""
+    found = state_finding([_report(400 * MB, after_step=weak)] * world_size, STATE, MODEL, ZERO, "over")
+    assert found.startswith(f"rank 0 holds {weak[0] - 6:.1f} MB beyond the model's 6.0 MB at every pause") and \
+        "the optimizer state is not sharded" in found and named_for(ZERO) in found and "[hint, counted inside the rank" in found
+
+
+def test_a_rank_without_a_share_is_found():
+    """A partition written for 2 ranks at world size 3 (rank 2 keeps 0.4 MB beyond the model,
+    the others half the state each): the floor finds rank 2; the upper bound alone would pass."""
+    reports = [_report(400 * MB, after_step=[12.43, 12.45, 12.47])] * 2 + [_report(400 * MB, after_step=[6.36, 6.38, 6.39])]
+    assert state_finding(reports, STATE, MODEL, ZERO, "over") == ""
+    found = state_finding(reports, STATE, MODEL, ZERO, "under")
+    assert found.startswith("rank 2 holds at most 0.4 MB beyond the model") and "given no share" in found
+    correct = [_report(400 * MB, after_step=[10.43, 10.45, 10.49])] * 3
+    assert state_finding(correct, STATE, MODEL, ZERO, "under") == ""
+
+
+FSDP = "fsdp"
+WEIGHTS = {name: 6 * MB for name in ("embedding.weight", "up.weight", "down.weight", "lm_head.weight")}
+
+
+@pytest.mark.parametrize("world_size, correct, one_whole", [(2, 13.3, 16.25), (3, 9.0, 12.95)])
+def test_one_weight_kept_whole_is_found(world_size, correct, one_whole):
+    """Between steps the fixture holds its shards and 1.0 to 1.3 MB more (the most seen in 10 runs
+    under load: 13.31 MB at 2 ranks, 9.00 at 3); an FSDP that leaves one weight (the embedding,
+    say) whole holds w·(1 - 1/ws) more, and is found; so is one keeping all."""
+    ok = [_report(400 * MB, after_step=[correct, correct + 0.02])] * world_size
+    assert weights_finding(ok, WEIGHTS, 0, FSDP) == ""
+    weak = [_report(400 * MB, after_step=[one_whole, one_whole])] * world_size
+    found = weights_finding(weak, WEIGHTS, 0, FSDP)
+    assert found.startswith(f"rank 0 holds {one_whole:.1f} MB between steps") and "weights are not sharded" in found
+    assert f"kept whole adds {6 * (1 - 1 / world_size):.1f} MB" in found and named_for(FSDP) in found
+    everything = weights_finding([_report(400 * MB, after_step=[25.3, 25.3])] * world_size, WEIGHTS, 0, FSDP)
+    assert everything.startswith("rank 0 holds 25.3 MB between steps")
+
+
+def test_gathered_weights_kept_until_backward_are_found():
+    """The fixture keeps three gathered weights (autograd saved them) between forward and
+    backward: 36 MB beyond the activations; an FSDP that gathers again in backward keeps one in
+    flight at most, and passes; step 1's pause is not judged (step 1 may make what later steps keep)."""
+    activations = int(2.67 * MB)
+    kept = [_report(400 * MB, after_step=[13.26, 13.27], between=[33.13, 33.95])] * 2
+    found = freed_finding(kept, WEIGHTS, activations, FSDP)
+    assert found.startswith("rank 0 holds 20.7 MB more between forward and backward") and "about 3.0 gathered" in found
+    prefetching = [_report(400 * MB, after_step=[13.3, 13.3], between=[30.0, 13.3 + 2.7 + 6.2])] * 2
+    assert freed_finding(prefetching, WEIGHTS, activations, FSDP) == ""
+
+
+def test_a_pause_missing_or_out_of_order_is_a_finding():
+    """Readings without the first pause, or with none after a step, are not judged as small."""
+    no_base = {"outside": [{"label": "after step 1", "bytes": 1}]}
+    assert "not the ones the suite makes" in state_finding([no_base] * 2, STATE, MODEL, ZERO, "under")
+    assert "not the ones the suite makes" in weights_finding([{"outside": []}] * 2, WEIGHTS, 0, FSDP)
+
+
+def test_sigstop_cannot_be_caught():
+    """The pause relies on it: a handler for SIGSTOP cannot be installed."""
+    with pytest.raises((OSError, RuntimeError, ValueError)):
+        signal.signal(signal.SIGSTOP, lambda *a: None)
+
+
+def _start_up(ctx, job) -> dict:
+    """Rank side: what a rank's start-up left that its code could see."""
+    import gc
+
+    return {"frozen": gc.get_freeze_count()}
+
+
+def test_every_rank_starts_alike():
+    """Point tests are not told apart by their start-up: every rank of every test has the
+    collector's permanent generation filled (the measured tests' collection relies on it), not
+    only the measured ones; and a rank that never pauses reports no reading."""
+    from grading import wire
+    from grading.ranks import run_ranks
+
+    reports = run_ranks(_start_up, 2, [wire.encode({})] * 2, timeout_s=60)
+    assert all(r["frozen"] > 10_000 and r[outside.KEY] == [] for r in reports), reports
