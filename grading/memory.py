@@ -118,6 +118,11 @@ def weights_finding(reports: list[dict], weights: dict[str, int], replicated: in
     return ""
 
 
+# What the gathered-weights finding starts with: the handout's requirement, in its words.
+FREED_HANDOUT = ('the gathered weights are not freed after use (handout: "Make sure to free the gathered weights after '
+                 'use"; "In the backward pass, ... all-gather to have the weights available for the computation")')
+
+
 def freed_finding(reports: list[dict], weights: dict[str, int], activations: int, problem: str) -> str:
     """Between forward and backward a rank holds what it held after the step before, the
     activations saved for backward, and at most one gathered weight in flight (a prefetch): the
@@ -137,11 +142,10 @@ def freed_finding(reports: list[dict], weights: dict[str, int], activations: int
         extra = added - activations
         least = added
         if extra > 1.5 * one:
-            return (f"rank {rank} holds {mb(least)} more between forward and backward ({label}) than after "
-                    f"the step before; the activations saved for backward are about {mb(activations)}, so "
+            return (f"{FREED_HANDOUT}: rank {rank} holds {mb(least)} more between forward and backward ({label}) than "
+                    f"after the step before; the activations saved for backward are about {mb(activations)}, so "
                     f"{mb(extra)} is kept, about {extra / one:.1f} gathered weights of {mb(one)} (at most one in flight "
-                    f"allowed, bound {mb(1.5 * one)}): the gathered weights are not freed after use, and backward does "
-                    f"not gather them again {named_for(problem)}{_hint(report)}")
+                    f"allowed, bound {mb(1.5 * one)}){_hint(report)}")
     return ""
 
 

@@ -10,14 +10,16 @@ container's limit counts before it reclaims cache) and, by polling every process
 another CPU every 0.2 s, the peak of the summed RSS and of the summed PSS (shared pages counted
 once: the ranks forked from one server share most of torch). The results file records each run.
 
-    python scripts/measure_grading.py --submissions tests/fixtures/submission --cpus 0 --quotas 1 0.5
+    python -m tests.answers_fixture /tmp/answers   # the answers as a submission (must not exist)
+    python scripts/measure_grading.py --submissions /tmp/answers --cpus 0 --quotas 1 0.5
     python scripts/measure_grading.py --submissions path/to/slow --labels slow --runs 3 --hogs 3 --out /tmp/f.json
 
 Needs root (or a delegated cgroup) for the cgroup; without one it measures by polling only. The
 README's numbers: ``writeup/footprint/<machine tag>/``, with this interpreter's torch (Gradescope
 installs the CPU build; ``--out`` names where a run goes). Their "slow" submission is the correct
-fixture whose package also imports pandas, triton and wandb at the top, as course-template
-packages do: every rank pays for those imports.
+fixture (the old one, tests/fixtures/submission until the answers replaced it) whose package also
+imports pandas, triton and wandb at the top, as course-template packages do: every rank pays for
+those imports.
 """
 
 from __future__ import annotations

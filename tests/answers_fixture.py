@@ -42,9 +42,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ANSWERS = REPO / "cs336_systems" / "answers"
-# The course's model for FSDP. Until the grader's tests move here, the small one beside the old
-# fixture submission: only Linear, Embedding and RMSNorm, which is all the FSDP tests import.
-BASICS = REPO / "tests" / "fixtures" / "submission" / "cs336-basics" / "cs336_basics"
+# The course's model for FSDP, a small one: only Linear, Embedding and RMSNorm, which is all the
+# grader's FSDP tests import.
+BASICS = REPO / "tests" / "fixtures" / "cs336-basics" / "cs336_basics"
 
 # The handout's adapter names, both editions (2025: the DDP ones and get_sharded_optimizer; 2026:
 # get_ddp, ddp_on_after_backward and the FSDP ones).
@@ -116,6 +116,31 @@ ANSWER_MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     "two_ranks_only": [(ZERO_FILE, "dist.broadcast(param.data, src=owner)", "dist.broadcast(param.data, src=owner % 2)")],
     # the answer already refuses uneven shards with a clear error, as this mutant of the old fixture did
     "refuses_uneven": [],
+    # each rank owns parameters of ranks 0 and 1 only: written for 2 ranks, at 3 rank 2 keeps no state
+    "two_ranks_partition": [(ZERO_FILE, "owner = min(range(self.world_size), key=", "owner = min(range(2), key=")],
+    "embedding_unsharded": [(FSDP_FILE, "for m in module.modules() if isinstance(m, (Linear, Embedding))]",
+                             "for m in module.modules() if isinstance(m, Linear)]")],
+    # equivalent: each shard a flat block with 100 elements of padding, cut off after each all-gather
+    "padded_shards": [
+        (FSDP_FILE, "        shard = full.chunk(world_size)[fsdp.rank].clone()  # a copy: the full weight is freed below\n",
+         "        shard = torch.cat([full.chunk(world_size)[fsdp.rank].flatten(), full.new_zeros(PAD)])\n"),
+        (FSDP_FILE, "        full = torch.empty(self.full_shape, dtype=shard.dtype, device=shard.device)\n",
+         "        full = torch.empty(self.fsdp.world_size * shard.numel(), dtype=shard.dtype, device=shard.device)\n"),
+        (FSDP_FILE, "        work.wait()\n        return full\n",
+         "        work.wait()\n        return full.view(self.fsdp.world_size, -1)[:, :-PAD].reshape(self.full_shape)\n"),
+        (FSDP_FILE, "        grad = grad.to(self.shard.dtype).div(self.fsdp.world_size).contiguous()\n",
+         "        grad = grad.to(self.shard.dtype).div(self.fsdp.world_size).reshape(self.fsdp.world_size, -1)\n"
+         "        grad = torch.cat([grad, grad.new_zeros(self.fsdp.world_size, PAD)], 1).flatten()  # gloo wants it flat\n"),
+        (FSDP_FILE, "                full[name] = torch.empty(layer.full_shape, dtype=param.dtype, device=param.device)\n"
+                    "                dist.all_gather_into_tensor(full[name], param.detach().contiguous())\n",
+         "                padded = torch.empty(self.world_size * param.numel(), dtype=param.dtype, device=param.device)\n"
+         "                dist.all_gather_into_tensor(padded, param.detach().contiguous())\n"
+         "                full[name] = padded.view(self.world_size, -1)[:, :-PAD].reshape(layer.full_shape)\n"),
+        (FSDP_FILE, "\nclass _Layer:", "\nPAD = 100\n\n\nclass _Layer:")],
+    # the gathered weights a matmul saves for backward kept alive from forward to backward (no
+    # saved-tensor hooks), so backward does not gather them again
+    "keeps_gathered": [(FSDP_FILE, "torch.autograd.graph.saved_tensors_hooks(self._pack_for(layer), self._unpack_for(layer))",
+                        "torch.autograd.graph.saved_tensors_hooks(lambda saved: saved, lambda saved: saved)")],
     "reseeds": [(PER_PARAMETER_FILE,
                  "        for tensor in module.state_dict().values():\n            dist.broadcast(tensor, src=0)\n",
                  "        torch.manual_seed(0)  # the same weights everywhere, without communicating\n"

@@ -1,6 +1,6 @@
-"""Hostile submissions for tests/test_grading_hostile.py, each built here from the fixture: the
-public stub (worth 0) or the correct solution, plus one attack run by every rank when its
-adapters are imported. An attack that reports what it managed raises with that line, so the
+"""Hostile submissions for tests/test_grading_hostile.py, each built here from the answers'
+submission (tests/answers_fixture.py): with the public stub's adapters (worth 0) or as it is,
+plus one attack run by every rank when its adapters are imported. An attack that reports what it managed raises with that line, so the
 grade's reason shows it.
 
 * ``forkserver``: connects to the fork server (its address, and every ``listener-*`` socket it
@@ -188,7 +188,7 @@ STUB_BASED = {"forkserver", "others", "daemon", "host", "all"}
 
 
 def build(folder: Path, name: str, stub: bool = False) -> Path:
-    """The fixture (correct, or the stub) as ``folder/name``."""
+    """The answers' submission (correct, or with the stub's adapters) as ``folder/name``."""
     scratch = folder / f".build-{name}"
     scratch.mkdir(parents=True)
     tree = make_submission(scratch, stub=stub).rename(folder / name)

@@ -89,7 +89,7 @@ def run_autograder(root: Path, submission: Path, **env: str) -> dict:
 
 
 def test_run_autograder_grades_in_gradescopes_layout_as_make_grade_does(tmp_path):
-    """The correct fixture gets every point and the stub none, with the tests and points that
+    """The answers get every point and the stub none, with the tests and points that
     ``grade()`` (``make grade``) gives the same trees; results.json names the grader's commit
     and torch's version."""
     root = gradescope_root(tmp_path)
@@ -102,8 +102,8 @@ def test_run_autograder_grades_in_gradescopes_layout_as_make_grade_does(tmp_path
         assert [(t["name"], t["max_score"]) for t in theirs["tests"]] == [(t["name"], t["max_score"]) for t in mine["tests"]]
         possible = sum(t["max_score"] for t in theirs["tests"])
         if full:
-            # the tests worth points; one beyond the handout (0 points) may fail on the fixture: it keeps
-            # gathered weights until backward (test_gathered_weights_are_freed)
+            # the tests worth points; one beyond the handout (0 points) fails on the answers: they refuse
+            # dimensions the world size does not divide (test_uneven_shards)
             failed = [(t["name"], t["output"]) for t in theirs["tests"] if t["status"] != "passed" and t["max_score"] > 0]
             assert theirs["score"] == pytest.approx(possible) and not failed, failed
         else:

@@ -1,14 +1,15 @@
-"""The grader judged by what it fails: graded fixture submissions and the scores they must get.
+"""The grader judged by what it fails: graded submissions and the scores they must get.
 
-``tests/fixtures/submission`` is a small, correct, student-style solution of both editions that
-shares no code with this repository. Each wrong submission is that tree with one edit (a
-mutant): sums instead of averages, a deadlock, a syntax error, an import error, the public stub,
-and the shortcuts the public tests let through (no overlap, the bucket size ignored, the full
-optimizer state or full weights on every rank, weights rebuilt from a seed). Every mutant must
-lose exactly the problem it breaks, with a one-line reason, and leave the others' points alone.
-Grading runs with one repetition and only the problems and tests a case needs (``only``, and
-``select``, a pytest ``-k`` expression), to keep ``make test`` quick.
-"""
+The correct submission is the answers (cs336_systems/answers/), laid out as a student hands them
+in by ``tests/answers_fixture.py``: 35/35 for 2026, 28/28 for 2025. Each wrong submission is that
+tree with one edit (a mutant, ``ANSWER_MUTANTS`` there): sums instead of averages, a deadlock, a
+syntax error, an import error, the public stub, and the shortcuts the public tests let through (no
+overlap, the bucket size ignored, the full optimizer state or full weights on every rank, weights
+rebuilt from a seed, gathered weights kept from forward to backward). Every mutant must lose
+exactly the problem it breaks, with a one-line reason, and leave the others' points alone; the
+equivalent variants (more padding per shard) must lose nothing. Grading runs with one repetition
+and only the problems and tests a case needs (``only``, and ``select``, a pytest ``-k``
+expression), to keep ``make test`` quick."""
 
 from __future__ import annotations
 
@@ -25,97 +26,23 @@ import pytest
 
 from grading.course import grade_folder
 from grading.harness import Limits, grade
-from grading.problems import POINTS
+from grading.problems import POINTS, RUBRIC
 from grading.report import shares
+from tests.answers_fixture import apply_mutant, build_answers_submission
 
 pytestmark = pytest.mark.problem("beyond")
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "submission"
 PER_PARAMETER, BUCKETED = "ddp_overlap_individual_parameters", "ddp_overlap_bucketed"
 ZERO, FSDP = "optimizer_state_sharding", "fsdp"
 QUICK = Limits(test_timeout_s=60, submission_timeout_s=600)
 
-REGATHER = """    def forward(self, *args, **kwargs):
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
-            return self.module(*args, **kwargs)
-
-    def _pack(self, t):
-        for m in self.sharded:
-            w = m.__dict__.get("weight")
-            if w is not None and t.untyped_storage().data_ptr() == w.untyped_storage().data_ptr():
-                return (m, t.shape, t.stride(), t.storage_offset())
-        return t
-
-    def _unpack(self, saved):
-        if not isinstance(saved, tuple):
-            return saved
-        m, shape, stride, offset = saved
-        full_shape, numel = self.sharded[m]
-        shard = m._parameters["weight"].detach()
-        parts = [torch.empty_like(shard) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, shard.contiguous())
-        full = torch.cat(parts)[:numel].view(full_shape)
-        full = full if self.compute_dtype is None else full.to(self.compute_dtype)
-        return full.as_strided(shape, stride, offset)
-"""
-
-# name -> edits (file, old text, new text), each applied exactly once
-MUTANTS: dict[str, list[tuple[str, str, str]]] = {
-    "sums": [("cs336_systems/ddp.py", "        p.grad.div_(self.world_size)\n", "")],
-    "deadlock": [("cs336_systems/ddp.py", "        for handle in self.handles:\n",
-                  "        peer = (dist.get_rank() + 1) % self.world_size\n"
-                  "        dist.recv(torch.zeros(1), src=peer)  # every rank waits for its peer: none sends\n"
-                  "        for handle in self.handles:\n")],
-    "syntax": [("cs336_systems/ddp.py", "def trainable(", "def broken(:\n    pass\n\n\ndef trainable(")],
-    "import_error": [("cs336_systems/sharded_optimizer.py", "import torch\n", "import torch\nimport cs336_systems.helpers\n")],
-    "no_overlap": [("cs336_systems/ddp.py", "        p.grad.div_(self.world_size)\n        self.handles.append(dist.all_reduce(p.grad, async_op=True))\n",
-                    "        self.ready.append(p)\n"),
-                   ("cs336_systems/ddp.py", "        self.handles = []\n", "        self.handles, self.ready = [], []\n"),
-                   ("cs336_systems/ddp.py", "        for handle in self.handles:\n",
-                    "        for p in self.ready:\n"
-                    "            self.handles.append(dist.all_reduce(p.grad.div_(self.world_size), async_op=True))\n"
-                    "        self.ready.clear()\n"
-                    "        for handle in self.handles:\n")],
-    "ignores_bucket_size": [("cs336_systems/ddp.py", "cap = bucket_size_mb * 1024 * 1024", "cap = 0")],
-    "full_optimizer_state": [("cs336_systems/sharded_optimizer.py", "if i % self.world_size == self.rank]", "]"),
-                             ("cs336_systems/sharded_optimizer.py", "dist.broadcast(p.data, src=i % self.world_size)",
-                              "pass")],
-    "full_weights": [("cs336_systems/fsdp.py", "                self.sharded[m] = (full.shape, full.numel())\n",
-                      "                self.sharded[m] = (full.shape, full.numel())\n"
-                      "                m.full_copy = full.clone()\n")],
-    "two_ranks_only": [("cs336_systems/sharded_optimizer.py", "dist.broadcast(p.data, src=i % self.world_size)",
-                        "dist.broadcast(p.data, src=i % 2)")],
-    "refuses_uneven": [("cs336_systems/fsdp.py", "                per = math.ceil(full.numel() / world)\n",
-                        "                if full.shape[0] % world:\n"
-                        "                    raise ValueError(f'dim 0 of {tuple(full.shape)} does not divide {world} ranks')\n"
-                        "                per = math.ceil(full.numel() / world)\n")],
-    # each rank steps the parameters i % 2 == rank: written for 2 ranks, at 3 rank 2 owns none
-    "two_ranks_partition": [("cs336_systems/sharded_optimizer.py", "if i % self.world_size == self.rank]", "if i % 2 == self.rank]"),
-                            ("cs336_systems/sharded_optimizer.py", "dist.broadcast(p.data, src=i % self.world_size)",
-                             "dist.broadcast(p.data, src=i % 2)")],
-    "embedding_unsharded": [("cs336_systems/fsdp.py", "if isinstance(m, (Linear, Embedding)):", "if isinstance(m, Linear):")],
-    # equivalent variants: more padding per shard; the gathered weight autograd saves is freed
-    # after forward and gathered again when backward needs it (saved-tensor hooks)
-    "padded_shards": [("cs336_systems/fsdp.py", "                per = math.ceil(full.numel() / world)\n",
-                       "                per = math.ceil(full.numel() / world) + 100\n")],
-    "regathers": [("cs336_systems/fsdp.py", "    def forward(self, *args, **kwargs):\n        return self.module(*args, **kwargs)\n",
-                   REGATHER)],
-    "reseeds": [("cs336_systems/ddp.py", "    for tensor in module.state_dict().values():\n        dist.broadcast(tensor, src=0)\n",
-                 "    torch.manual_seed(0)  # the same weights everywhere, without communicating\n"
-                 "    for m in module.modules():\n"
-                 "        if hasattr(m, 'reset_parameters'):\n"
-                 "            m.reset_parameters()\n")],
-}
-
 
 def make_submission(tmp_path: Path, mutant: str | None = None, stub: bool = False) -> Path:
-    """The fixture with ``mutant``'s edits (several mutants joined by "+")."""
-    tree = tmp_path / (mutant or ("stub" if stub else "correct"))
-    shutil.copytree(FIXTURE, tree, ignore=shutil.ignore_patterns("__pycache__"))
-    for file, old, new in [edit for name in (mutant or "").split("+") for edit in MUTANTS.get(name, [])]:
-        text = (tree / file).read_text()
-        assert text.count(old) == 1, f"mutant {mutant}: {old!r} is not in {file} exactly once"
-        (tree / file).write_text(text.replace(old, new))
+    """The answers as a submission (tests/answers_fixture.py) with ``mutant``'s edits (several
+    mutants joined by "+"), or with the public stub's adapters."""
+    tree = build_answers_submission(tmp_path / (mutant or ("stub" if stub else "correct")))
+    for name in mutant.split("+") if mutant else ():
+        apply_mutant(tree, name)
     if stub:  # the public stub: every adapter declared, none implemented
         names = [line.split("(")[0].removeprefix("def ") for line in (tree / "tests/adapters.py").read_text().splitlines()
                  if line.startswith("def ")]
@@ -169,10 +96,10 @@ MATCHES = "test_matches_single_process"
 
 @pytest.mark.parametrize("mutant, broken, kept, select, reason", [
     ("sums", (PER_PARAMETER,), (ZERO,), MATCHES, "differs from single-process training"),
-    ("syntax", (PER_PARAMETER, BUCKETED), (ZERO,), MATCHES,
-     "cs336_systems/ddp.py:8: SyntaxError: invalid syntax"),
+    ("syntax", (PER_PARAMETER,), (BUCKETED, ZERO), MATCHES,
+     "cs336_systems/answers/ddp_overlap_individual_parameters.py:10: SyntaxError: invalid syntax"),
     ("import_error", (ZERO,), (PER_PARAMETER,), "test_adamw or test_state_is_sharded",
-     "cs336_systems/sharded_optimizer.py:4: ModuleNotFoundError: No module named 'cs336_systems.helpers'"),
+     "cs336_systems/answers/sharded_optimizer.py:13: ModuleNotFoundError: No module named 'cs336_systems.helpers'"),
     ("no_overlap", (PER_PARAMETER,), (), "test_communicates_during_backward",
      "no all-reduce was issued while backward ran"),
     ("ignores_bucket_size", (BUCKETED,), (), "test_all_reduces_follow_bucket_size",
@@ -217,7 +144,7 @@ def test_a_bug_at_world_size_three_caps_the_problem(tmp_path):
 
 
 def test_sharding_checks_fail_what_skips_them(tmp_path):
-    """Each sharding check fails the fixture's mutant that skips what it checks, saying why: an
+    """Each sharding check fails the mutant of the answers that skips what it checks, saying why: an
     optimizer partition written for 2 ranks (rank 2 keeps no state at 3 ranks: only the check of
     every rank's share finds it) and an FSDP that leaves the Embedding unsharded (found weight by
     weight at 2 and 3 ranks). Each problem is capped; training is right in both."""
@@ -235,23 +162,40 @@ def test_sharding_checks_fail_what_skips_them(tmp_path):
     assert points(graded, ZERO) == 5.0 and points(graded, FSDP) <= 5.0  # at most the cap (FSDP earns less anyway)
 
 
-def test_equivalent_fsdp_variants_pass_the_memory_checks(tmp_path):
-    """More padding per shard, and gathered weights freed after forward and gathered again in
-    backward: every measured check passes, the one beyond the handout (gathered weights freed) too."""
-    graded = grade(make_submission(tmp_path, "padded_shards+regathers"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
+def test_equivalent_fsdp_variant_passes_the_memory_checks(tmp_path):
+    """Flat shards with 100 elements of padding each (the answers free the gathered weights after
+    forward and gather them again in backward already): every measured check passes, the
+    gathered-weights one (graded) included."""
+    graded = grade(make_submission(tmp_path, "padded_shards"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
                    only=(FSDP,), select="test_matches_single_process or test_parameters_are_sharded or test_gathered")
     assert [t.output for t in graded.tests if not t.passed] == []
-    assert any(t.beyond and t.name.endswith("test_gathered_weights_are_freed") for t in graded.tests)
+    assert any(not t.beyond and t.max_score > 0 and t.name.endswith("test_gathered_weights_are_freed") for t in graded.tests)
+
+
+def test_fsdp_keeping_gathered_weights_loses_their_share(tmp_path):
+    """The answers with the gathered weights kept from forward to backward (autograd saved them;
+    backward does not gather again): the gathered-weights check fails with the handout's words and
+    costs its share (15/8 of 15); sharding between steps and training are right, so nothing else is lost."""
+    graded = grade(make_submission(tmp_path, "keeps_gathered"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
+                   only=(FSDP,), select="test_matches_single_process or test_parameters_are_sharded or test_gathered")
+    assert [t.name for t in graded.tests if not t.passed] == ["test_fsdp.py::test_gathered_weights_are_freed"]
+    (line,) = failures(graded, FSDP)
+    assert line.startswith('the gathered weights are not freed after use (handout: "Make sure to free the gathered '
+                           'weights after use"'), line
+    assert "more between forward and backward" in line and "gathered weights of" in line, line
+    shares = RUBRIC[FSDP].shares  # of the tests selected: the gathered-weights one is lost, nothing else
+    chosen = [shares[t] for t in ("test_matches_single_process", "test_parameters_are_sharded", "test_gathered_weights_are_freed")]
+    assert points(graded, FSDP) == pytest.approx(15 * (1 - chosen[2] / sum(chosen)), abs=2e-4)
 
 
 def test_checks_beyond_the_handout_cost_nothing(tmp_path):
-    """An FSDP that refuses dimensions that do not divide the world size, with a clear error, gets
-    every point: uneven shards are beyond the handout, reported in grade.md for 0."""
+    """The answers' FSDP refuses dimensions that do not divide the world size, with a clear error,
+    and gets every point: uneven shards are beyond the handout, reported in grade.md for 0."""
     graded = grade(make_submission(tmp_path, "refuses_uneven"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
                    only=(FSDP,))
     assert points(graded, FSDP) == 15.0, failures(graded, FSDP)
     (beyond,) = [t for t in graded.tests if t.beyond and "test_uneven_shards" in t.name]
-    assert not beyond.passed and "does not divide 3 ranks" in beyond.output and beyond.max_score == 0
+    assert not beyond.passed and "37 rows does not divide 3 ranks evenly" in beyond.output and beyond.max_score == 0
     assert "- `test_fsdp.py::test_uneven_shards`: rank" in (tmp_path / "out" / "grade.md").read_text()
 
 
@@ -292,6 +236,7 @@ def test_stub_scores_zero_with_the_adapter_named(tmp_path):
 def test_missing_adapters_file_scores_zero_without_running(tmp_path):
     tree = make_submission(tmp_path)
     (tree / "tests" / "adapters.py").unlink()
+    (tree / "cs336_systems" / "answers" / "adapters.py").unlink()  # or the search for an adapters file finds it
     graded = grade(tree, tmp_path / "out", 1, "2025", QUICK, quiet=True)
     assert all(r.points == 0 for r in graded.rows if r.points is not None)
     assert all("no adapters file" in t.output for t in graded.tests)
@@ -300,7 +245,7 @@ def test_missing_adapters_file_scores_zero_without_running(tmp_path):
 def test_double_forked_sleeper_is_gone_after_grading(tmp_path):
     marker = f"{random.randint(10**6, 10**7)}.{os.getpid()}"
     tree = make_submission(tmp_path)
-    path = tree / "cs336_systems" / "sharded_optimizer.py"
+    path = tree / "cs336_systems" / "answers" / "sharded_optimizer.py"
     path.write_text(path.read_text() + (
         "\nimport os as _os\n"
         "if _os.fork() == 0:\n"

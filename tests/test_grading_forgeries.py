@@ -1,7 +1,7 @@
 """Submissions that try to forge their grade, each graded as the code underneath deserves.
 
-Each is the fixture's public stub (worth 0) or a wrong solution (worth what it earns without the
-forgery), plus one trick: a patched comparison, a ``pytest.py`` or ``sitecustomize.py`` at its
+Each is the answers' submission with the public stub's adapters (worth 0) or a wrong solution
+(worth what it earns without the forgery), plus one trick: a patched comparison, a ``pytest.py`` or ``sitecustomize.py`` at its
 root that writes "passed" outcomes, a rank that hunts for the outcomes channel under ``/proc``,
 a rank that exits early with status 0, a rank that kills its parent. The grader decides in
 processes that never import the submission and reads outcomes from a pipe no rank holds, so

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -21,15 +20,14 @@ from grading import harness, intake
 from grading.files import MAX_TEXT_BYTES, read_regular, unpack
 from grading.autograder import build
 from grading.submission import missing_packages, uninitialised_submodules
-from tests.test_grading import FIXTURE
+from tests.answers_fixture import adapters_text, build_answers_submission
 
 pytestmark = pytest.mark.problem("beyond")
 
 
 def hostile_tree(tmp_path: Path) -> Path:
-    """The correct fixture with every link and special file the reviewer used."""
-    tree = tmp_path / "hostile"
-    shutil.copytree(FIXTURE, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    """The answers' submission with every link and special file the reviewer used."""
+    tree = build_answers_submission(tmp_path / "hostile")
     (tree / "pyproject.toml").symlink_to("/dev/zero")
     (tree / "stdin.toml").symlink_to("/proc/self/fd/0")
     (tree / "neighbour").symlink_to("/proc/self/fd/3")
@@ -44,7 +42,7 @@ def test_a_checkout_is_copied_without_links_or_special_files(tmp_path):
     assert sorted(dropped) == ["fifo.py", "neighbour", "outside", "pyproject.toml", "stdin.toml"]
     every = list(copy.rglob("*"))
     assert every and not [p for p in every if p.is_symlink() or not (p.is_file() or p.is_dir())]
-    assert (copy / "tests" / "adapters.py").read_bytes() == (FIXTURE / "tests" / "adapters.py").read_bytes()
+    assert (copy / "tests" / "adapters.py").read_text() == adapters_text()
 
 
 def test_reading_refuses_links_special_files_and_large_files(tmp_path):

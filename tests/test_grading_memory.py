@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from grading import outside
-from grading.memory import MB, freed_finding, state_finding, weights_finding
+from grading.memory import FREED_HANDOUT, MB, freed_finding, state_finding, weights_finding
 from grading.problems import named_for
 from grading.ranks import _frame
 
@@ -130,13 +130,15 @@ def test_one_weight_kept_whole_is_found(world_size, correct, one_whole):
 
 
 def test_gathered_weights_kept_until_backward_are_found():
-    """The fixture keeps three gathered weights (autograd saved them) between forward and
-    backward: 36 MB beyond the activations; an FSDP that gathers again in backward keeps one in
+    """An FSDP that keeps three gathered weights (autograd saved them) between forward and
+    backward, as the old fixture did: 20.7 MB beyond the step before, 18 MB beyond the activations,
+    found with the handout's words first; an FSDP that gathers again in backward keeps one in
     flight at most, and passes; step 1's pause is not judged (step 1 may make what later steps keep)."""
     activations = int(2.67 * MB)
     kept = [_report(400 * MB, after_step=[13.26, 13.27], between=[33.13, 33.95])] * 2
     found = freed_finding(kept, WEIGHTS, activations, FSDP)
-    assert found.startswith("rank 0 holds 20.7 MB more between forward and backward") and "about 3.0 gathered" in found
+    assert found.startswith(FREED_HANDOUT + ": rank 0 holds 20.7 MB more between forward and backward"), found
+    assert "about 3.0 gathered" in found
     prefetching = [_report(400 * MB, after_step=[13.3, 13.3], between=[30.0, 13.3 + 2.7 + 6.2])] * 2
     assert freed_finding(prefetching, WEIGHTS, activations, FSDP) == ""
 

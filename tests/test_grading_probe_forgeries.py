@@ -20,20 +20,10 @@ import pytest
 
 from grading.harness import grade
 from grading.problems import named_for
+from tests.answers_fixture import ANSWER_FILES, ANSWER_ZERO_INIT, apply_edits
 from tests.test_grading import BUCKETED, FSDP, PER_PARAMETER, QUICK, ZERO, failures, make_submission, points
 
 pytestmark = pytest.mark.problem("beyond")
-
-ZERO_INIT = [("cs336-basics/cs336_basics/model.py", "nn.init.trunc_normal_(self.weight, std=std, a=-3 * std, b=3 * std)",
-              "nn.init.zeros_(self.weight)"),
-             ("cs336-basics/cs336_basics/model.py", "nn.init.trunc_normal_(self.weight, std=1.0, a=-3.0, b=3.0)",
-              "nn.init.zeros_(self.weight)"),
-             ("cs336_systems/fsdp.py", "        dist.all_gather(parts, shard.contiguous())\n",
-              "        parts = [shard.detach() for _ in parts]  # its own shard in every place: nothing sent\n"),
-             ("cs336_systems/fsdp.py", "        dist.all_reduce(full)\n", ""),
-             ("cs336_systems/fsdp.py", "        dist.all_reduce(p.grad)\n", ""),
-             ("cs336_systems/fsdp.py", "                dist.all_gather(parts, p.detach().contiguous())\n",
-              "                parts = [p.detach() for _ in parts]\n")]
 
 GLOBAL_STATE = '''"""Every rank keeps the full optimizer in a global the optimizer object never references."""
 
@@ -107,13 +97,12 @@ class DDPBucketed(_Flat):
 
 
 def forged(tmp_path, edits=(), files=None):
-    tree = make_submission(tmp_path)
-    for file, old, new in edits:
-        text = (tree / file).read_text()
-        assert text.count(old) == 1, f"{old!r} is not in {file} exactly once"
-        (tree / file).write_text(text.replace(old, new))
+    """The answers with ``edits``, and each of ``files`` (a forgery's whole file, by the name the
+    grader's tests give it) written over the answers' files it stands for (ANSWER_FILES)."""
+    tree = apply_edits(make_submission(tmp_path), "forged", list(edits))
     for file, text in (files or {}).items():
-        (tree / file).write_text(text)
+        for path in ANSWER_FILES[file]:
+            (tree / path).write_text(text)
     return tree
 
 
@@ -121,7 +110,7 @@ def test_zero_initialised_fsdp_and_optimizer_state_in_a_global(tmp_path):
     """Both forgeries in one submission (different problems' files): the FSDP that never
     communicates scores 0 (its ranks disagree, or it differs from training from the grader's
     weights); the global optimizer state is found and named, and caps the problem."""
-    tree = forged(tmp_path, ZERO_INIT, {"cs336_systems/sharded_optimizer.py": GLOBAL_STATE})
+    tree = forged(tmp_path, ANSWER_ZERO_INIT, {"cs336_systems/sharded_optimizer.py": GLOBAL_STATE})
     graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(ZERO, FSDP),
                    select="test_adamw or test_parameters_are_sharded or test_state_is_sharded or test_sgd_with_momentum")
     assert points(graded, FSDP) == 0

@@ -1,8 +1,9 @@
 """The rubric (grading/problems.toml): each test's share, the caps, and what a student reads.
 
-A problem's points follow what it is named for. One-edit mutants of the correct fixture
-(tests/fixtures/submission), with bugs in different problems' files so that one grading run
-checks three problems at once, must lose exactly their share: a blocking hook or an all-reduce only after backward
+A problem's points follow what it is named for. One-edit mutants of the answers
+(cs336_systems/answers/ laid out by tests/answers_fixture.py; ANSWER_EDITS there), with bugs in
+different problems' files so that one grading run checks three problems at once, must lose
+exactly their share: a blocking hook or an all-reduce only after backward
 keeps at most a third of the per-parameter DDP's points, an optimizer or an FSDP that shards
 nothing at most a third of theirs, wrong group options or a missing ``add_param_group`` the
 groups tests, an ignored ``compute_dtype`` the compute-dtype tests. Each failure says what it
@@ -20,6 +21,7 @@ import pytest
 from grading.harness import grade
 from grading.problems import POINTS, RUBRIC, named_for
 from grading.report import grade_markdown, grade_tests, problem_grades
+from tests.answers_fixture import ANSWER_EDITS, apply_edits
 from tests.test_grading import FSDP, PER_PARAMETER, QUICK, ZERO, failures, make_submission, points
 
 pytestmark = pytest.mark.problem("beyond")
@@ -29,45 +31,16 @@ SUITE_FILES = {"ddp_overlap_individual_parameters": "test_ddp_individual_paramet
                "ddp_overlap_bucketed": "test_ddp_bucketed.py", "optimizer_state_sharding": "test_sharded_optimizer.py",
                "fsdp": "test_fsdp.py"}
 
-# name -> edits (file, old text, new text), each applied exactly once to the fixture
-EDITS: dict[str, list[tuple[str, str, str]]] = {
-    "blocking_hook": [("cs336_systems/ddp.py", "        self.handles.append(dist.all_reduce(p.grad, async_op=True))\n",
-                       "        dist.all_reduce(p.grad)  # waits for every rank inside backward\n")],
-    "skips_averaging": [("cs336_systems/ddp.py", "        p.grad.div_(self.world_size)\n"
-                         "        self.handles.append(dist.all_reduce(p.grad, async_op=True))\n",
-                         "        pass  # each rank keeps its own gradient\n")],
-    "wrong_group_options": [("cs336_systems/sharded_optimizer.py", 'local_group = {**group, "params": mine}',
-                             'local_group = {"params": mine}')],
-    "no_add_param_group": [("cs336_systems/sharded_optimizer.py", "    def add_param_group(self, param_group: dict) -> None:",
-                            "    def _assign(self, param_group: dict) -> None:"),
-                           ("cs336_systems/sharded_optimizer.py", "        super().__init__(params, kwargs)\n",
-                            "        super().__init__(params, kwargs)\n"
-                            "        groups, self.param_groups = self.param_groups, []\n"
-                            "        for group in groups:  # assigned at construction only\n"
-                            "            self._assign(group)\n")],
-    "no_state_sharding": [("cs336_systems/sharded_optimizer.py", "if i % self.world_size == self.rank]", "]"),
-                          ("cs336_systems/sharded_optimizer.py", "dist.broadcast(p.data, src=i % self.world_size)", "pass")],
-    "ignores_compute_dtype": [("cs336_systems/fsdp.py", 'm.__dict__["weight"] = full if self.compute_dtype is None '
-                               'else full.to(self.compute_dtype)', 'm.__dict__["weight"] = full')],
-    "full_weights_and_sums": [("cs336_systems/fsdp.py", "                self.sharded[m] = (full.shape, full.numel())\n",
-                               "                self.sharded[m] = (full.shape, full.numel())\n"
-                               "                m.full_copy = full.clone()\n"),
-                              ("cs336_systems/fsdp.py", " / dist.get_world_size(), None, None", ", None, None")],
-}
-
-
 def edited(tmp_path: Path, *names: str) -> Path:
+    """The answers with the edits of ``names`` (ANSWER_EDITS, tests/answers_fixture.py)."""
     tree = make_submission(tmp_path)
     for name in names:
-        for file, old, new in EDITS[name]:
-            text = (tree / file).read_text()
-            assert text.count(old) == 1, f"{name}: {old!r} is not in {file} exactly once"
-            (tree / file).write_text(text.replace(old, new))
+        apply_edits(tree, name, ANSWER_EDITS[name])
     return tree
 
 
 # the checks beyond the handout score nothing
-GRADED_ONLY = "not test_unused_layer and not test_uneven_shards and not test_gathered_weights_are_freed"
+GRADED_ONLY = "not test_unused_layer and not test_uneven_shards"
 
 
 def failed(graded, problem: str) -> list[str]:
@@ -124,10 +97,10 @@ def test_cap_follows_the_point_test_whatever_its_reason(tmp_path):
 def test_one_bug_per_problem_loses_exactly_its_share(tmp_path):
     """A blocking all-reduce in each hook (capped: 5/3 of 5); group options dropped and
     add_param_group assigned at construction only (the groups tests and the add_param_group
-    tests, 2 + 2 of 15); compute_dtype ignored (the two compute-dtype tests, 2 of 15)."""
+    tests, 2 + 2 of 15); compute_dtype ignored (the two compute-dtype tests, 1.75 of 15)."""
     tree = edited(tmp_path, "blocking_hook", "wrong_group_options", "no_add_param_group", "ignores_compute_dtype")
     graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, select=GRADED_ONLY)
-    assert [points(graded, p) for p in (PER_PARAMETER, ZERO, FSDP)] == [round(5 / 3, 4), 11.0, 13.0], \
+    assert [points(graded, p) for p in (PER_PARAMETER, ZERO, FSDP)] == [round(5 / 3, 4), 11.0, 13.25], \
         [t.output for t in graded.tests if not t.passed]
     assert failed(graded, PER_PARAMETER) == ["test_communicates_during_backward[get_ddp]"]
     assert "blocked it (async_op=False, or waited on before backward returned" in failures(graded, PER_PARAMETER)[0]

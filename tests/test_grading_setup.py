@@ -23,7 +23,7 @@ import pytest
 from grading import containment
 from grading.harness import GRADER_DIR, Limits, grade
 from grading.selfcheck import SetupError
-from tests.test_grading import FIXTURE
+from tests.test_grading import make_submission
 
 pytestmark = pytest.mark.problem("beyond")
 
@@ -35,9 +35,9 @@ def test_a_memory_limit_below_torchs_grades_nothing(tmp_path):
     """Ranks that cannot import torch under the limit: SetupError in one line, no results.json,
     and ``python -m grading`` exits 3 saying why."""
     with pytest.raises(SetupError, match="graded nothing: .*ImportError"):
-        grade(FIXTURE, tmp_path / "out", 1, "2025", Limits(memory_gb=0.3), quiet=True)
+        grade(make_submission(tmp_path), tmp_path / "out", 1, "2025", Limits(memory_gb=0.3), quiet=True)
     assert not (tmp_path / "out" / "results.json").exists()
-    done = subprocess.run([sys.executable, "-m", "grading", str(FIXTURE), "--out", str(tmp_path / "cli"),
+    done = subprocess.run([sys.executable, "-m", "grading", str(tmp_path / "correct"), "--out", str(tmp_path / "cli"),
                            "--repeats", "1", "--memory-gb", "0.3"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 3, done.stdout + done.stderr
@@ -64,13 +64,14 @@ def test_python_folders_follow_pythonpath_and_links(tmp_path, monkeypatch):
 
 def test_a_checkout_whose_venv_links_elsewhere_grades_fully(tmp_path):
     """A copy of the grader whose ``.venv`` is a link to this environment (a second checkout
-    sharing the first one's packages): the probe passes, and the fixture gets that test's points."""
+    sharing the first one's packages): the probe passes, and the answers get that test's points."""
+    tree = make_submission(tmp_path)
     checkout = tmp_path / "second checkout"  # a space in the path too
     shutil.copytree(GRADER_DIR, checkout / "grading", ignore=shutil.ignore_patterns("__pycache__"))
     (checkout / ".venv").symlink_to(Path(sys.prefix))
     python = checkout / ".venv" / "bin" / Path(sys.executable).name
     script = ("import json, sys\nfrom pathlib import Path\nfrom grading.harness import grade\n"
-              f"g = grade(Path({str(FIXTURE)!r}), Path({str(tmp_path / 'out')!r}), 1, '2025', quiet=True, "
+              f"g = grade(Path({str(tree)!r}), Path({str(tmp_path / 'out')!r}), 1, '2025', quiet=True, "
               f"only=({QUICK[0]!r},), select={QUICK[1]!r})\n"
               "print(json.dumps([(t.name, t.passed, t.reason) for t in g.tests]))")
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(checkout)}
@@ -84,8 +85,7 @@ def test_a_checkout_whose_venv_links_elsewhere_grades_fully(tmp_path):
 def test_adapters_in_a_tests_folder_without_init_load(tmp_path):
     """A submission whose ``tests/`` has no ``__init__.py`` (Python imports it as a namespace
     package) gets its adapters loaded, not a grader error."""
-    tree = tmp_path / "no-init"
-    shutil.copytree(FIXTURE, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    tree = make_submission(tmp_path)
     (tree / "tests" / "__init__.py").unlink()
     graded = grade(tree, tmp_path / "out", 1, "2025", quiet=True, only=(QUICK[0],), select=QUICK[1])
     assert graded.tests and all(t.passed for t in graded.tests), [(t.name, t.reason) for t in graded.tests]

@@ -79,13 +79,12 @@ def test_parameters_are_sharded(ranks, world_size, repetition):
     findings(weights_finding(run.reports, run.weights, run.replicated, PROBLEM), run.mismatch)
 
 
-@pytest.mark.beyond_handout
 def test_gathered_weights_are_freed(ranks, repetition):
-    """handout: "Make sure to free the gathered weights after use", and in the backward pass
-    all-gather again: between forward and backward a rank holds its shards, the activations and at
-    most one gathered weight in flight (its memory read from outside). Reported for 0 points until
-    the course's reference solution is checked to pass it (autograd keeps a gathered weight that a
-    matmul saved, unless backward gathers it again)."""
+    """handout: "Make sure to free the gathered weights after use", and "In the backward pass, ...
+    all-gather to have the weights available for the computation": between forward and backward a
+    rank holds its shards, the activations and at most one gathered weight in flight (its memory
+    read from outside). Autograd keeps a gathered weight that a matmul saved unless backward
+    gathers it again (the answers do, with saved-tensor hooks: cs336_systems/answers/fsdp.py)."""
     run = measured(ranks, 3, repetition)
     findings(freed_finding(run.reports, run.weights, run.activations, PROBLEM), run.mismatch)
 
