@@ -8,31 +8,29 @@
     dst/cs336-basics/cs336_basics/              the course's model (Linear, Embedding, RMSNorm)
 
 so that ``python -m grading dst`` grades the answers as it grades any submission
-(``python -m tests.answers_fixture DST`` builds it from the command line). The grader's tests
-mutate a correct submission into wrong ones (tests/test_grading*.py): ``ANSWER_MUTANTS``
-(test_grading.py's MUTANTS), ``ANSWER_EDITS`` (test_grading_rubric.py's EDITS),
-``ANSWER_ZERO_INIT`` and ``ANSWER_FILES`` (test_grading_probe_forgeries.py's) are the same bugs
-written into the answers; ``apply_mutant`` and ``apply_edits`` make them.
+(``python -m tests.answers_fixture DST`` builds it from the command line): 35/35 for 2026, 28/28
+for 2025. It is the grader's correct submission: tests/test_grading*.py, test_course_grading.py
+and tests/hostile.py build every tree they grade from it (``tests.test_grading.make_submission``),
+and mutate it into wrong ones: ``ANSWER_MUTANTS`` (by name, joined with "+"), ``ANSWER_EDITS``
+(test_grading_rubric.py), ``ANSWER_ZERO_INIT`` and ``ANSWER_FILES`` (test_grading_probe_forgeries.py);
+``apply_mutant`` and ``apply_edits`` make them. The one copy of the answers is
+cs336_systems/answers/; only the course's small model lives beside the tests
+(tests/fixtures/cs336-basics/).
 
-What changes for the grader's tests when they build from here instead of tests/fixtures/submission
-(checked by running them with these substitutions; every other expectation holds as it is):
+Where the answers differ from the student-style fixture the grader's tests used before (the
+expectations that changed with the switch):
 
-* test_grading.py, "syntax": one problem per file now: broken (PER_PARAMETER,) (the bucketed answer
-  is another file), reason "cs336_systems/answers/ddp_overlap_individual_parameters.py:10:
-  SyntaxError: invalid syntax";
-* test_grading.py, "import_error": reason "cs336_systems/answers/sharded_optimizer.py:13:
-  ModuleNotFoundError: No module named 'cs336_systems.helpers'";
-* test_grading.py, "refuses_uneven": no edit: the answer refuses uneven shards itself ("... 37 rows
-  does not divide 3 ranks evenly ...");
-* test_missing_adapters_file_scores_zero_without_running: also unlink
-  cs336_systems/answers/adapters.py, or the grader's search for an adapters file finds it;
-* test_double_forked_sleeper_is_gone_after_grading: the file is cs336_systems/answers/sharded_optimizer.py;
-* test_course_grading.py, test_run_autograder_grades_in_gradescopes_layout_as_make_grade_does: the
-  answers get every point (35/35) but fail the uneven-shards check beyond the handout (0 points),
-  so "no test failed" must read "no graded test failed";
-* test_grading_probe_forgeries.py: ZERO_INIT -> ANSWER_ZERO_INIT; ``forged(files=...)`` writes each
-  file to every path of ANSWER_FILES; the global's name becomes
-  "largest: global cs336_systems.answers.sharded_optimizer._INNER[".
+* "syntax" breaks one problem: the bucketed DDP is another file (reason
+  "cs336_systems/answers/ddp_overlap_individual_parameters.py:10: SyntaxError: invalid syntax");
+* "import_error": "cs336_systems/answers/sharded_optimizer.py:13: ModuleNotFoundError: ...";
+* "refuses_uneven" needs no edit: the answer refuses uneven shards itself ("... 37 rows does not
+  divide 3 ranks evenly ..."), a check beyond the handout worth 0, so the answers' 35/35 comes
+  with that one failure;
+* a submission without an adapters file must also lose cs336_systems/answers/adapters.py, or the
+  grader's search for an adapters file finds it;
+* the answers free the gathered weights after forward and gather them again in backward, so they
+  pass test_gathered_weights_are_freed, now graded; "keeps_gathered" is the mutant that fails it
+  (the old fixture's way), and "padded_shards" an equivalent variant that must lose nothing.
 """
 
 from __future__ import annotations
@@ -76,8 +74,8 @@ def build_answers_submission(dst: Path) -> Path:
     return dst
 
 
-# The mutants of tests/test_grading.py (MUTANTS), as edits (file, old text, new text) of the answers'
-# tree, each old text present exactly once. Same names, same bug:
+# The mutants tests/test_grading.py grades, by name: edits (file, old text, new text) of the answers'
+# tree, each old text present exactly once.
 A = "cs336_systems/answers/"
 PER_PARAMETER_FILE, BUCKETED_FILE = A + "ddp_overlap_individual_parameters.py", A + "ddp_bucketed.py"
 ZERO_FILE, FSDP_FILE = A + "sharded_optimizer.py", A + "fsdp.py"
@@ -150,7 +148,7 @@ ANSWER_MUTANTS: dict[str, list[tuple[str, str, str]]] = {
 }
 
 
-# The edits of tests/test_grading_rubric.py (EDITS), made to the answers.
+# The edits tests/test_grading_rubric.py grades, several in one submission (different problems' files).
 ANSWER_EDITS: dict[str, list[tuple[str, str, str]]] = {
     "blocking_hook": [(PER_PARAMETER_FILE, "        self.handles.append(dist.all_reduce(param.grad, async_op=True))\n",
                        "        dist.all_reduce(param.grad)  # waits for every rank inside backward\n")],
@@ -176,7 +174,7 @@ ANSWER_EDITS: dict[str, list[tuple[str, str, str]]] = {
          "grad = grad.to(self.shard.dtype).contiguous()")],
 }
 
-# tests/test_grading_probe_forgeries.py's ZERO_INIT: zero-initialised layers and an FSDP that sends
+# tests/test_grading_probe_forgeries.py's zero-initialised forgery: zero-initialised layers and an FSDP that sends
 # nothing (each rank's own shard in every place, its own rows of each gradient, no all-reduce).
 _DONE = "done = torch.futures.Future()\n        done.set_result(None)\n        "
 ANSWER_ZERO_INIT: list[tuple[str, str, str]] = [
@@ -195,8 +193,8 @@ ANSWER_ZERO_INIT: list[tuple[str, str, str]] = [
     (FSDP_FILE, "                dist.all_gather_into_tensor(full[name], param.detach().contiguous())\n",
      "                full[name].view(self.world_size, -1).copy_(param.detach().reshape(1, -1))\n"),
 ]
-# Whole files the probe forgeries write, by the fixture's path -> the answers' paths: DUMMY_OVERLAP
-# defines both DDP classes, so it replaces both answers' DDP files.
+# Whole files the probe forgeries write, by the name they give a file -> the answers' paths it
+# replaces: DUMMY_OVERLAP defines both DDP classes, so it replaces both answers' DDP files.
 ANSWER_FILES = {
     "cs336_systems/ddp.py": (PER_PARAMETER_FILE, BUCKETED_FILE),
     "cs336_systems/sharded_optimizer.py": (ZERO_FILE,),

@@ -5,8 +5,8 @@
   (tests/public_suite.py; skipped, saying how to enable it, where the course's files are absent);
 * the answers stay what the handout asks: one file each, importing only torch (FSDP also
   cs336_basics), within the lengths agreed for a readable answer;
-* the submission tree tests/answers_fixture.py builds for the grader, and the mutant edits it maps
-  from the grader's tests, each of which must still apply exactly once.
+* the submission tree tests/answers_fixture.py builds for the grader, and the mutant edits the
+  grader's tests make of it, each of which must still apply exactly once.
 """
 
 from __future__ import annotations
