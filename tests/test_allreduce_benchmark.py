@@ -103,8 +103,10 @@ def test_small_run_is_correct_consistent_and_matches_a_plain_loop():
     # dominates, the two agree within 2x here; a factor of 5 leaves room for noise and still
     # catches timing the wrong thing (the fill, the barrier, a sum over iterations, ms for s).
     # At 4 KB a call is a few hundred microseconds of scheduling on a shared, oversubscribed
-    # machine, which swings either way by 5x between runs: only unit-sized errors are caught there.
-    for r, factor in zip(records, (20, 5)):
+    # machine, and the plain loop's mean takes any one stall whole (seen: 6.4 ms against the
+    # library's 0.30 ms median, 21x, in a full make test): only unit-sized errors (1000x) are
+    # caught there.
+    for r, factor in zip(records, (100, 5)):
         plain_s = max(plain[r.payload_bytes] for _, plain in results)  # slowest rank
         assert 1 / factor < r.median_s / plain_s < factor, (r.payload_bytes, r.median_s, plain_s)
 
