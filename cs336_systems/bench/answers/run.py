@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -29,10 +28,11 @@ from cs336_systems.answers.sharded_optimizer import ShardedOptimizer as AnswerSh
 from cs336_systems.bench.answers.record import AnswersStepRecord
 from cs336_systems.bench.fsdp.configurations import LR, Configuration, build_configuration
 from cs336_systems.bench.fsdp.formulas import FSDP, TORCH_FSDP
+from cs336_systems.bench.fsdp.run import timed_step
 from cs336_systems.bench.script import BenchmarkRun
 from cs336_systems.bench.stats import median_interval, paired_median
 from cs336_systems.bench.workload import Workload, WorkloadSetting, build_workload
-from cs336_systems.comm.timing import slowest_rank, small_tensor_device, sync_device
+from cs336_systems.comm.timing import slowest_rank, small_tensor_device
 from cs336_systems.ddp import VARIANTS, BucketedDDP
 from cs336_systems.ddp.auto_bucket import DEFAULT_BUCKET_MB
 from cs336_systems.launch import RankContext, run_ranks
@@ -106,15 +106,6 @@ def build(technique: str, implementation: str, base: nn.Module) -> Configuration
     raise ValueError(f"unknown technique {technique!r}; known: {', '.join(TECHNIQUES)}")
 
 
-def _timed_step(config: Configuration, work: Workload, device: torch.device) -> float:
-    sync_device(device)
-    dist.barrier()
-    start = time.perf_counter()
-    config.step(work)
-    sync_device(device)
-    return time.perf_counter() - start
-
-
 def _records(times: dict[tuple[str, str], list[float]]) -> list[AnswersStepRecord]:
     records = []
     for (technique, implementation), steps in times.items():
@@ -134,12 +125,12 @@ def _benchmark_rank(ctx: RankContext, setting: AnswersSetting) -> BenchmarkRun:
     for key in keys:
         configs[key] = build(*key, work.module)
         for _ in range(setting.warmup_steps):
-            _timed_step(configs[key], work, ctx.device)
+            timed_step(configs[key], work, ctx.device)
     times: dict[tuple[str, str], list[float]] = {key: [] for key in keys}
     for r in range(setting.rounds):
         shift = r % len(keys)
         for key in keys[shift:] + keys[:shift]:
-            times[key].append(_timed_step(configs[key], work, ctx.device))
+            times[key].append(timed_step(configs[key], work, ctx.device))
     small = small_tensor_device(ctx.device, ctx.backend)
     slowest = {key: slowest_rank(steps, small) for key, steps in times.items()}
     return BenchmarkRun(records=_records(slowest), world_size=ctx.world_size, shared_gpu=ctx.shared_gpu, rank=ctx.rank)

@@ -49,7 +49,8 @@ class FsdpRun(BenchmarkRun):
         return {"n_parameters": self.n_parameters}
 
 
-def _timed_step(config: Configuration, work: Workload, device: torch.device) -> float:
+def timed_step(config: Configuration, work: Workload, device: torch.device) -> float:
+    """One step of ``config``, from a barrier to the device's last kernel (answers/run.py too)."""
     sync_device(device)
     dist.barrier()
     start = time.perf_counter()
@@ -96,14 +97,14 @@ def _benchmark_rank(ctx: RankContext, setting: FsdpSetting) -> FsdpRun:
     for name in CONFIGURATIONS:
         configs[name] = build_configuration(name, work.module)
         for _ in range(setting.warmup_steps):
-            _timed_step(configs[name], work, ctx.device)
+            timed_step(configs[name], work, ctx.device)
     names = list(CONFIGURATIONS)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(setting.rounds):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
             for _ in range(setting.steps_per_round):
-                times[name].append(_timed_step(configs[name], work, ctx.device))
+                times[name].append(timed_step(configs[name], work, ctx.device))
 
     small = small_tensor_device(ctx.device, ctx.backend)
     measured = {}
