@@ -10,12 +10,15 @@ run's timings are not evidence.
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from cs336_systems.bench.claims import ClaimsRecord, ClaimsSetting
+from cs336_systems.results import others
 from cs336_systems.results.environment import REPO_ROOT, Load, measure_load
 from cs336_systems.results.files import LoadedMachine, save_results
 from cs336_systems.results.kinds import read_any
@@ -39,6 +42,40 @@ def test_load_exceeds_only_beyond_the_runs_own_processes():
     assert not Load(before=0.1, after=5.9, cores=2, processes=6).exceeded  # a 6-rank grid on 2 cores
     assert Load(before=3.1, after=0.5, cores=2, processes=2).exceeded  # others ran before it started
     assert measure_load(2).cores >= 1 and measure_load(2).processes == 2
+
+
+def test_other_jobs_decide_where_they_were_counted():
+    """Two ranks' own threads read 2.3 on 2 cores with nothing else running: not busy when other
+    jobs' threads were counted low; busy when they were high, or when the load before the start
+    (none of the run's threads yet) was over the cores."""
+    assert not Load(before=0.4, after=2.3, cores=2, processes=2, others=0.05).exceeded
+    assert Load(before=0.4, after=2.3, cores=2, processes=2).exceeded  # not counted: the load average decides
+    busy = Load(before=0.4, after=2.3, cores=2, processes=2, others=1.2)
+    assert busy.exceeded and "other jobs kept more than 0.5 threads runnable" in busy.why_busy()
+    assert Load(before=3.1, after=2.3, cores=2, processes=2, others=0.0).exceeded
+
+
+def test_a_busy_process_outside_the_run_is_counted_and_one_inside_is_not():
+    """A busy loop started by this process is its own (a rank); the same loop seen from a
+    sibling's tree (a sleeping process standing in for another script) is another job's."""
+    loop = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    sibling = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for _ in range(100):
+            parents, busy = others.runnable_threads()
+            if busy.get(loop.pid):
+                break
+            time.sleep(0.02)
+        assert busy.get(loop.pid, 0) >= 1
+        assert others.descends(loop.pid, os.getpid(), parents) and not others.descends(loop.pid, sibling.pid, parents)
+        sampler = others.OthersSampler(root=sibling.pid, interval_s=0.02)
+        sampler.start()
+        time.sleep(0.5)
+        sampler.stop()
+        assert sampler.mean() is not None and sampler.mean() >= 0.5  # the loop, runnable all along
+    finally:
+        loop.kill(), sibling.kill()
+        loop.wait(), sibling.wait()
 
 
 def test_a_loaded_run_is_refused_among_the_results_and_written_elsewhere(tmp_path):

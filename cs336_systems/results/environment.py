@@ -2,11 +2,13 @@
 
 :func:`collect_environment` reads it once per run; :func:`machine_tag` names the machine's
 results folder, so that runs on different machines sit side by side instead of overwriting
-each other. :class:`Load` is the machine's load average when the script started (read when
-this module is first imported, which every script does before it runs anything) and when its
-results were written, beside the cores the run could use: a run during which other jobs kept
-more processes runnable than there were cores timed them as much as its own code, and
-``results.files.save_results`` refuses to file it under ``writeup/results/``.
+each other. :class:`Load` is the machine's load around the run: the load average when the
+script started (read when this module is first imported, which every script does before it
+runs anything) and when its results were written, the cores the run could use, and what other
+jobs asked of the CPUs meanwhile (their runnable threads, counted each second outside the
+script's own processes: ``results.others``; the load average counts the run's own threads
+too). A run during which other jobs competed for the CPUs timed them as much as its own code,
+and ``results.files.save_results`` refuses to file it under ``writeup/results/``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+
+from cs336_systems.results import others
 
 # cs336_systems/ sits at the repository root (the package is installed editable).
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +50,11 @@ def usable_cores() -> int:
 
 
 _LOAD_AT_START = _load_average()  # when the script started: before any rank of the run existed
+others.start_sampling()
+# Other jobs' runnable threads, on average over the run, beyond which it shared the CPUs with
+# them: half a core (a job that ran half the time on one core; the kernel's own threads and a
+# shell's commands between samples stay far below it, about 0.05 on this 2-core machine).
+OTHERS_LIMIT = 0.5
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,7 @@ class Load:
     after: float  # 1-minute load average when its results were written
     cores: int  # logical cores the run could use (its CPU affinity)
     processes: int  # processes the run itself kept busy (its ranks on this machine)
+    others: float | None = None  # other processes' runnable threads, averaged over the run (None: not sampled)
 
     @property
     def limit(self) -> int:
@@ -65,16 +75,29 @@ class Load:
 
     @property
     def exceeded(self) -> bool:
-        """Other jobs were runnable beside the run: its times are not evidence."""
+        """Other jobs were runnable beside the run: its times are not evidence. Where other jobs'
+        threads were counted, they decide (with the load before the start, when none of the run's
+        existed); else the load average, which counts the run's own threads as well."""
+        if self.others is not None:
+            return self.before > self.limit or self.others > OTHERS_LIMIT
         return max(self.before, self.after) > self.limit
 
+    def why_busy(self) -> str:
+        """Why :attr:`exceeded` holds, in words."""
+        if self.others is not None and self.others > OTHERS_LIMIT:
+            return f"other jobs kept more than {OTHERS_LIMIT} threads runnable on average"
+        return f"over {self.limit}, what this run's own processes account for"
+
     def describe(self) -> str:
-        return f"load average {self.before:.1f} before and {self.after:.1f} after, on {self.cores} cores"
+        counted = "" if self.others is None else f", other jobs' runnable threads {self.others:.2f} on average"
+        return f"load average {self.before:.1f} before and {self.after:.1f} after{counted}, on {self.cores} cores"
 
 
 def measure_load(processes: int) -> Load:
     """The load since this script started, for a run of ``processes`` busy processes."""
-    return Load(round(_LOAD_AT_START, 2), round(_load_average(), 2), usable_cores(), processes)
+    mean = others.others_mean()
+    return Load(round(_LOAD_AT_START, 2), round(_load_average(), 2), usable_cores(), processes,
+                None if mean is None else round(mean, 3))
 
 
 @dataclass(frozen=True)

@@ -114,8 +114,8 @@ def save_results(path: Path, kind: str, setting: Any, records: list, environment
     written with its load, and the writeup never reads it."""
     load = environment.load
     if load is not None and load.exceeded and _among_results(path):
-        raise LoadedMachine(f"not written to {path}: {load.describe()} (over {load.limit}, what this run's own "
-                            f"processes account for), so its numbers are not evidence; rerun on a quiet machine")
+        raise LoadedMachine(f"not written to {path}: {load.describe()} ({load.why_busy()}), so its numbers are "
+                            "not evidence; rerun on a quiet machine")
     return write_results(path, ResultsFile(kind, environment, to_json(setting), records, notes or {}))
 
 

@@ -126,8 +126,10 @@ def load(env: Environment) -> str:
     """The machine's load around the run (results.environment.Load), or that it was not recorded."""
     if env.load is None:
         return "load not recorded"
-    over = f", over its {env.load.limit}: timings not evidence" if env.load.exceeded else ""
-    return f"load {env.load.before:.1f} before, {env.load.after:.1f} after on {env.load.cores} cores{over}"
+    why = f"over its {env.load.limit}" if env.load.others is None else env.load.why_busy()
+    over = f", {why}: timings not evidence" if env.load.exceeded else ""
+    counted = "" if env.load.others is None else f", other jobs {env.load.others:.2f} runnable"
+    return f"load {env.load.before:.1f} before, {env.load.after:.1f} after on {env.load.cores} cores{counted}{over}"
 
 
 def setting_line(env: Environment, source: str, *, device_type: str | None = None, parts: Sequence[str] = ()) -> str:
