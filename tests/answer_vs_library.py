@@ -33,6 +33,7 @@ from cs336_systems.ddp import VARIANTS
 from cs336_systems.fsdp import FullyShardedDataParallel
 from cs336_systems.launch import RankContext
 from cs336_systems.zero import ShardedOptimizer
+from tests.common import SmallCNN
 
 IMPLS = ("answers", "library")
 TOLERANCE = 1e-5  # float32 sums in another order than one process's: ulps of weights near 1
@@ -72,17 +73,6 @@ class Stack(nn.Module):
         for i in self.order:
             h = torch.tanh(self.layers[i](h))
         return self.head(h)
-
-
-class SmallCNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(F.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
 
 
 class LM(nn.Module):

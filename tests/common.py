@@ -2,6 +2,7 @@
 
 The models are the small networks those tests train: ``ToyModel`` has a frozen bias and a
 parameter that never requires grad; ``ToyModelWithTiedWeights`` uses one weight in two layers.
+Ours beside them: ``SmallCNN``, whose BatchNorm keeps buffers.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
 
 from cs336_systems.launch import teardown  # imported before any group exists (launch/lifetime.py)
 
@@ -70,6 +72,19 @@ class ToyModelWithTiedWeights(nn.Module):
         x = self.relu(self.fc3(x))
         x = self.relu(self.fc4(x))
         return self.fc5(x)
+
+
+class SmallCNN(nn.Module):
+    """A convolution, BatchNorm and a head: a model with buffers (running statistics), not the course's."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.relu(self.bn(self.conv(x))).mean(dim=(2, 3)))
 
 
 def _setup_process_group(rank: int, world_size: int, backend: str) -> str:

@@ -19,24 +19,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from cs336_systems.ddp import VARIANTS
 from cs336_systems.launch import RankContext, launch
+from tests.common import SmallCNN
 
 pytestmark = pytest.mark.problem("beyond")
 WORLD_SIZE = 2
 # What each step does, in order: a synchronised step; an evaluation forward without grad and
 # then a step; a step whose first micro-batch runs under no_sync().
 SCHEDULE = ("train", "eval-then-train", "accumulate-then-train", "train")
-
-
-class SmallCNN(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.head = nn.Linear(8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.relu(self.bn(self.conv(x)))
-        return self.head(h.mean(dim=(2, 3)))
 
 
 def _data(rank: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:

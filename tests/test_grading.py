@@ -59,10 +59,16 @@ def failures(graded, problem: str) -> list[str]:
     return [t.output for t in graded.tests if t.problem == problem and not t.passed]
 
 
+def unpassed(graded) -> str:
+    """Every test that did not pass, its name and whole reason, one per line: an assertion's
+    message (pytest shortens a list's repr, not a string)."""
+    return "\n".join(f"{t.name}: {t.output}" for t in graded.tests if not t.passed)
+
+
 def test_correct_submission_gets_every_point(tmp_path):
     graded = grade(make_submission(tmp_path), tmp_path / "out", 1, "2025", QUICK, quiet=True)
     assert [(r.problem, r.points) for r in graded.rows if r.points is not None] == [
-        (PER_PARAMETER, 5.0), (BUCKETED, 8.0), (ZERO, 15.0)], [t.output for t in graded.tests if not t.passed]
+        (PER_PARAMETER, 5.0), (BUCKETED, 8.0), (ZERO, 15.0)], unpassed(graded)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert_gradescope_schema(results)
     assert results["score"] == pytest.approx(28.0)
@@ -168,7 +174,7 @@ def test_equivalent_fsdp_variant_passes_the_memory_checks(tmp_path):
     gathered-weights one (graded) included."""
     graded = grade(make_submission(tmp_path, "padded_shards"), tmp_path / "out", 1, "2026", QUICK, quiet=True,
                    only=(FSDP,), select="test_matches_single_process or test_parameters_are_sharded or test_gathered")
-    assert [t.output for t in graded.tests if not t.passed] == []
+    assert not unpassed(graded), unpassed(graded)
     assert any(not t.beyond and t.max_score > 0 and t.name.endswith("test_gathered_weights_are_freed") for t in graded.tests)
 
 

@@ -22,7 +22,7 @@ from grading.harness import grade
 from grading.problems import POINTS, RUBRIC, named_for
 from grading.report import grade_markdown, grade_tests, problem_grades
 from tests.answers_fixture import ANSWER_EDITS, apply_edits
-from tests.test_grading import FSDP, PER_PARAMETER, QUICK, ZERO, failures, make_submission, points
+from tests.test_grading import FSDP, PER_PARAMETER, QUICK, ZERO, failures, make_submission, points, unpassed
 
 pytestmark = pytest.mark.problem("beyond")
 
@@ -101,7 +101,7 @@ def test_one_bug_per_problem_loses_exactly_its_share(tmp_path):
     tree = edited(tmp_path, "blocking_hook", "wrong_group_options", "no_add_param_group", "ignores_compute_dtype")
     graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, select=GRADED_ONLY)
     assert [points(graded, p) for p in (PER_PARAMETER, ZERO, FSDP)] == [round(5 / 3, 4), 11.0, 13.25], \
-        [t.output for t in graded.tests if not t.passed]
+        unpassed(graded)
     assert failed(graded, PER_PARAMETER) == ["test_communicates_during_backward[get_ddp]"]
     assert "blocked it (async_op=False, or waited on before backward returned" in failures(graded, PER_PARAMETER)[0]
     assert failed(graded, ZERO) == ["test_add_param_group[2-adamw]", "test_add_param_group[3-sgd]",
