@@ -17,16 +17,6 @@ from cs336_systems.bench.suites import claims_gpu_args
 from cs336_systems.writeup import fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext
 
-# Runs known to have been taken while other jobs loaded the machine, from before results files
-# recorded the load (results.environment.Load): source -> what shows it.
-LOADED_RUNS = {
-    "cpu2-intel-xeon-processor/lightning_claims.json":
-        "taken while other developers' jobs held this 2-core machine's load average near 20 (before results "
-        "files recorded the load): its median steps, 3.3-4.8 s, are about ten times torch's DDP on the same "
-        "model and batch in the step benchmark, and its per-round ratios between configurations range from "
-        "0.26 to 3.9, so no 5-10% claim can be read from it",
-}
-
 FLOAT32_BYTES = 4
 KIND = ClaimsRecord.KIND
 SCRIPT = "scripts/bench_lightning.py"
@@ -37,12 +27,10 @@ def _ci(interval: tuple[float, float] | None, digits: int = 3) -> str:
 
 
 def not_evidence_reason(results) -> str | None:
-    """Why a claims run's timings are not evidence (the machine was loaded), or None."""
-    if results.source in LOADED_RUNS:
-        return LOADED_RUNS[results.source]
+    """Why a claims run's timings are not evidence (other jobs loaded the machine), or None."""
     load = results.environment.load
     if load is not None and load.exceeded:
-        return f"taken at {load.describe()}, more than the {load.limit} its own processes account for"
+        return f"taken at {load.describe()}: {load.why_busy()}"
     return None
 
 
