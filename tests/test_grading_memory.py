@@ -172,3 +172,107 @@ def test_every_rank_starts_alike():
 
     reports = run_ranks(_start_up, 2, [wire.encode({})] * 2, timeout_s=60)
     assert all(r["frozen"] > 10_000 and r[outside.KEY] == [] for r in reports), reports
+
+
+def _moves_memory_out(ctx, job) -> dict:
+    """Rank side: after its first pause, 8 MB at a time moved out of every process of the rank's
+    tree, one way per pause, and kept there: a file in /dev/shm (tmpfs), a file in its TMPDIR (page
+    cache), a helper that double-forked (reparented, in a session of its own), pipe buffers."""
+    import fcntl
+    import tempfile
+
+    ctx.pause(outside.BEFORE)
+    size, files, kept_fds = 8 * MB, [], []
+    try:
+        for where in (f"/dev/shm/grading-test-{os.getpid()}", os.path.join(tempfile.gettempdir(), f"grading-test-{os.getpid()}")):
+            with open(where, "wb") as f:
+                f.write(os.urandom(size))
+            files.append(where)
+            ctx.pause(f"after step {len(files)}")
+        data, ack = os.pipe(), os.pipe()
+        child = os.fork()
+        if child == 0:  # the helper: leaves the rank's tree, reads the bytes and keeps them until killed
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            held = bytearray()
+            while len(held) < size:
+                held += os.read(data[0], size - len(held))
+            os.write(ack[1], str(os.getpid()).encode())
+            while True:
+                signal.pause()
+        os.waitpid(child, 0)
+        view = memoryview(os.urandom(size))
+        while view:
+            view = view[os.write(data[1], view):]
+        helper = int(os.read(ack[0], 64))
+        del view
+        ctx.pause("after step 3")
+        for _ in range(8):  # 1 MB in each pipe's buffer (the default largest pipe an unprivileged user may make)
+            r, w = os.pipe()
+            fcntl.fcntl(w, 1031, MB)  # F_SETPIPE_SZ
+            os.set_blocking(w, False)
+            os.write(w, os.urandom(MB))
+            kept_fds += [r, w]
+        ctx.pause("after step 4")
+        return {"helper": helper}
+    finally:
+        for where in files:
+            os.unlink(where)
+
+
+def test_memory_moved_out_of_the_rank_is_counted():
+    """With a memory cgroup per rank, each 8 MB moved out of the rank's processes between pauses
+    shows in the grader's reading (at least 7.5 MB more at each pause), where the rank's resident
+    memory misses all four; the helper is killed with the test's ranks. Skipped where this
+    grader may make no cgroup (the readings are then the resident memory alone)."""
+    from grading import rank_cgroups, wire
+    from grading.ranks import run_ranks
+
+    if rank_cgroups.RankCgroups.make(1) is None:
+        pytest.skip("no memory cgroup can be made here: ranks are read from /proc alone")
+    (report,) = run_ranks(_moves_memory_out, 1, [wire.encode({})], timeout_s=60)
+    readings = report[outside.KEY]
+    assert [r["label"] for r in readings] == [outside.BEFORE] + [f"after step {s}" for s in range(1, 5)], readings
+    assert all(r["source"].startswith("cgroup v") for r in readings), readings
+    for before, after in zip(readings, readings[1:]):
+        assert after["bytes"] - before["bytes"] >= 7.5 * MB, (after["label"], readings)
+        assert after["resident"] - before["resident"] < 2 * MB, (after["label"], readings)
+    # killed: gone, or a zombie until init reaps it
+    assert outside._state(report["helper"]) in ("gone", "Z"), "the double-forked helper outlived its test"
+
+
+def test_a_rank_cannot_leave_its_cgroup():
+    """A process of another uid than the grader's (as ranks run when the grader is root) cannot
+    move itself out of its rank's cgroup: into its parent, into the grader's own, or the root."""
+    from grading import rank_cgroups
+
+    if os.geteuid() != 0:
+        pytest.skip("ranks run as another uid only when the grader is root")
+    groups = rank_cgroups.RankCgroups.make(1)
+    if groups is None:
+        pytest.skip("no memory cgroup can be made here")
+    try:
+        root = rank_cgroups.CGROUP if groups.kind == "cgroup v2" else rank_cgroups.V1_MEMORY
+        targets = [groups.folders[0].parent, groups.folders[0].parents[1], root]
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                groups.enter(0, os.getpid())
+                os.setgroups([])
+                os.setresgid(1_799_999_999, 1_799_999_999, 1_799_999_999)
+                os.setresuid(1_799_999_999, 1_799_999_999, 1_799_999_999)
+                for n, target in enumerate(targets, 1):
+                    try:
+                        with open(target / "cgroup.procs", "w") as f:
+                            f.write(str(os.getpid()))
+                        code = n
+                    except OSError:
+                        pass
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, f"moved itself into {targets[os.waitstatus_to_exitcode(status) - 1]}"
+    finally:
+        groups.close()

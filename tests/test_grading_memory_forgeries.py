@@ -1,0 +1,189 @@
+"""Sharded optimizers graded where each rank's memory is its own cgroup's charge (grading/rank_cgroups.py).
+
+* An unsharded optimizer that moves its whole state out of every process of the rank between
+  steps and back for the next step: at world size 2 into files (rank 0 in its ``$HOME``, rank 1
+  in ``/dev/shm``), at 3 into a helper each rank double-forks. The ranks' resident memory saw no
+  state there; the cgroup counts the files' page cache and tmpfs pages and the helper, so the
+  state is not sharded, at both world sizes.
+* A compact correct sharded optimizer (parameters dealt round-robin, each rank's own optimizer
+  over its share, a broadcast from each owner): every point of the tests it is graded on.
+
+Both are skipped where the grader can make no memory cgroup (share.describe says so in grade.md).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from grading import share
+from grading.harness import grade
+from grading.problems import named_for
+from tests.test_grading import QUICK, ZERO, failures, points
+from tests.test_grading_probe_forgeries import forged
+
+pytestmark = pytest.mark.problem("beyond")
+
+STATE_MOVED_OUT = '''"""An unsharded optimizer whose state leaves every process of the rank between steps."""
+
+import os
+import socket
+import struct
+
+import torch
+import torch.distributed as dist
+
+
+def _exactly(sock, n):
+    data = bytearray(n)
+    view, got = memoryview(data), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            os._exit(0)
+        got += k
+    return data
+
+
+class _Helper:
+    """A process that leaves the rank's tree (double fork, a session of its own) and keeps what it is sent."""
+
+    def __init__(self):
+        self.sock, theirs = socket.socketpair()
+        child = os.fork()
+        if child == 0:
+            self.sock.close()
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            kept = {}
+            while True:
+                op, index, n = struct.unpack("<cQQ", _exactly(theirs, 17))
+                if op == b"P":
+                    kept[index] = _exactly(theirs, n)
+                else:
+                    data = kept.pop(index)
+                    theirs.sendall(struct.pack("<Q", len(data)) + data)
+        theirs.close()
+        os.waitpid(child, 0)
+
+    def put(self, index, data):
+        self.sock.sendall(struct.pack("<cQQ", b"P", index, len(data)) + data)
+
+    def get(self, index):
+        self.sock.sendall(struct.pack("<cQQ", b"G", index, 0))
+        (n,) = struct.unpack("<Q", _exactly(self.sock, 8))
+        return _exactly(self.sock, n)
+
+
+class _Files:
+    def __init__(self, folder):
+        self.folder = folder
+
+    def _path(self, index):
+        return os.path.join(self.folder, f".state-{os.getpid()}-{index}")
+
+    def put(self, index, data):
+        with open(self._path(index), "wb") as f:
+            f.write(data)
+
+    def get(self, index):
+        with open(self._path(index), "rb") as f:
+            data = bytearray(f.read())
+        os.unlink(self._path(index))
+        return data
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.inner, self.moved = None, []
+        self.optimizer_cls, self.kwargs = optimizer_cls, kwargs
+        super().__init__(params, kwargs)
+        if dist.get_world_size() == 3:
+            self.store = _Helper()
+        else:
+            self.store = _Files(os.environ["HOME"] if dist.get_rank() == 0 else "/dev/shm")
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        group = {**self.param_groups[-1]}
+        if self.inner is None:
+            self.inner = self.optimizer_cls([group], **self.kwargs)
+        else:
+            self.inner.add_param_group(group)
+
+    def step(self, closure=None, **kwargs):
+        for index, (state, key, shape, dtype) in enumerate(self.moved):
+            state[key] = torch.frombuffer(self.store.get(index), dtype=dtype).view(shape)
+        self.moved = []
+        loss = self.inner.step(closure, **kwargs)
+        for state in self.inner.state.values():
+            for key, value in list(state.items()):
+                if torch.is_tensor(value) and value.numel() > 1:
+                    self.store.put(len(self.moved), value.detach().numpy().tobytes())
+                    self.moved.append((state, key, value.shape, value.dtype))
+                    state[key] = None
+        return loss
+'''
+
+COMPACT = '''"""A compact sharded optimizer: parameters dealt round-robin over the ranks."""
+
+import torch
+import torch.distributed as dist
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, optimizer_cls, **kwargs):
+        self.cls, self.kwargs, self.mine, self.owners = optimizer_cls, kwargs, None, []
+        super().__init__(params, kwargs)
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        group, rank, size = self.param_groups[-1], dist.get_rank(), dist.get_world_size()
+        start = len(self.owners)
+        self.owners += [(p, (start + i) % size) for i, p in enumerate(group["params"])]
+        shard = {**group, "params": [p for p, owner in self.owners[start:] if owner == rank]}
+        if self.mine is None:
+            self.mine = self.cls([shard], **self.kwargs)
+        else:
+            self.mine.add_param_group(shard)
+
+    def step(self, closure=None, **kwargs):
+        loss = self.mine.step(closure, **kwargs)
+        for work in [dist.broadcast(p.data, src=owner, async_op=True) for p, owner in self.owners]:
+            work.wait()
+        return loss
+'''
+
+
+@pytest.fixture(scope="module")
+def memory_cgroups():
+    """Whether the harness can give each run a memory cgroup here (else these tests cannot tell)."""
+    made = share.make(uuid.uuid4().hex)
+    try:
+        if made.memory is None:
+            pytest.skip(f"no memory cgroup per rank here: {made.describe()}")
+    finally:
+        made.kill_all()
+        made.remove()
+
+
+def test_state_moved_out_between_steps_is_not_sharded(tmp_path, memory_cgroups):
+    tree = forged(tmp_path, files={"cs336_systems/sharded_optimizer.py": STATE_MOVED_OUT})
+    graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(ZERO,),
+                   select="test_matches_single_process or test_state_is_sharded")
+    assert [t.name for t in graded.tests if not t.passed] == [
+        "test_sharded_optimizer.py::test_state_is_sharded[2]", "test_sharded_optimizer.py::test_state_is_sharded[3]"]
+    for line in failures(graded, ZERO):
+        assert f"the optimizer state is not sharded {named_for(ZERO)}" in line and "memory cgroup's charge" in line, line
+        held = float(line.split(" holds ")[1].split(" MB")[0])
+        assert held > 10.0, line  # the whole state (12 MB), wherever it went
+
+
+def test_compact_correct_variant_keeps_every_point(tmp_path, memory_cgroups):
+    tree = forged(tmp_path, files={"cs336_systems/sharded_optimizer.py": COMPACT})
+    graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(ZERO,),
+                   select="test_matches_single_process or test_state_is_sharded or test_every_rank_keeps_its_share")
+    assert [t.output for t in graded.tests if not t.passed] == []
+    assert points(graded, ZERO) == pytest.approx(15.0, abs=2e-4)
