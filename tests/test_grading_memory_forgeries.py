@@ -8,11 +8,14 @@
 * A compact correct sharded optimizer (parameters dealt round-robin, each rank's own optimizer
   over its share, a broadcast from each owner): every point of the tests it is graded on.
 
-Both are skipped where the grader can make no memory cgroup (share.describe says so in grade.md).
+Both are skipped where the grader can make no memory cgroup (share.describe says so in grade.md);
+the second, a grading of its own, runs with ``FORGERIES=all`` (as the hostile matrix does), so
+that ``make test`` stays within its time.
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pytest
@@ -181,6 +184,7 @@ def test_state_moved_out_between_steps_is_not_sharded(tmp_path, memory_cgroups):
         assert held > 10.0, line  # the whole state (12 MB), wherever it went
 
 
+@pytest.mark.skipif(os.environ.get("FORGERIES") != "all", reason="a grading of its own: FORGERIES=all runs it")
 def test_compact_correct_variant_keeps_every_point(tmp_path, memory_cgroups):
     tree = forged(tmp_path, files={"cs336_systems/sharded_optimizer.py": COMPACT})
     graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(ZERO,),
