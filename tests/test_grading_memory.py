@@ -177,7 +177,8 @@ def test_every_rank_starts_alike():
 def _moves_memory_out(ctx, job) -> dict:
     """Rank side: after its first pause, 8 MB at a time moved out of every process of the rank's
     tree, one way per pause, and kept there: a file in /dev/shm (tmpfs), a file in its TMPDIR (page
-    cache), a helper that double-forked (reparented, in a session of its own), pipe buffers."""
+    cache), a helper that double-forked (reparented, in a session of its own), pipe buffers, and
+    (at least 8 MB) loopback TCP buffers."""
     import fcntl
     import tempfile
 
@@ -215,6 +216,20 @@ def _moves_memory_out(ctx, job) -> dict:
             os.write(w, os.urandom(MB))
             kept_fds += [r, w]
         ctx.pause("after step 4")
+        import socket
+
+        for _ in range(4):  # loopback TCP buffers, sent until the sender would block (about 4 MB each)
+            server = socket.create_server(("127.0.0.1", 0))
+            sender = socket.create_connection(server.getsockname())
+            receiver, _ = server.accept()
+            sender.setblocking(False)
+            try:
+                while True:
+                    sender.send(os.urandom(1 << 16))
+            except BlockingIOError:
+                pass
+            kept_fds.append((server, sender, receiver))
+        ctx.pause("after step 5")
         return {"helper": helper}
     finally:
         for where in files:
@@ -224,7 +239,7 @@ def _moves_memory_out(ctx, job) -> dict:
 def test_memory_moved_out_of_the_rank_is_counted():
     """With a memory cgroup per rank, each 8 MB moved out of the rank's processes between pauses
     shows in the grader's reading (at least 7.5 MB more at each pause), where the rank's resident
-    memory misses all four; the helper is killed with the test's ranks. Skipped where this
+    memory misses all five; the helper is killed with the test's ranks. Skipped where this
     grader may make no cgroup (the readings are then the resident memory alone)."""
     from grading import rank_cgroups, wire
     from grading.ranks import run_ranks
@@ -233,7 +248,7 @@ def test_memory_moved_out_of_the_rank_is_counted():
         pytest.skip("no memory cgroup can be made here: ranks are read from /proc alone")
     (report,) = run_ranks(_moves_memory_out, 1, [wire.encode({})], timeout_s=60)
     readings = report[outside.KEY]
-    assert [r["label"] for r in readings] == [outside.BEFORE] + [f"after step {s}" for s in range(1, 5)], readings
+    assert [r["label"] for r in readings] == [outside.BEFORE] + [f"after step {s}" for s in range(1, 6)], readings
     assert all(r["source"].startswith("cgroup v") for r in readings), readings
     for before, after in zip(readings, readings[1:]):
         assert after["bytes"] - before["bytes"] >= 7.5 * MB, (after["label"], readings)
