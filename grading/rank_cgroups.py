@@ -242,7 +242,9 @@ class RankCgroups:
             current, peak = _read(folder / "memory.current"), _read(folder / "memory.peak")
             if current is None or not current.strip().isdigit() or not stat:
                 return None
-            parts = {"file": stat.get("file", 0), "kernel": stat.get("kernel", 0), "sock": stat.get("sock", 0)}
+            kernel = stat["kernel"] if "kernel" in stat else sum(  # "kernel" since Linux 5.18; its parts before
+                stat.get(k, 0) for k in ("kernel_stack", "pagetables", "sec_pagetables", "percpu", "slab"))
+            parts = {"file": stat.get("file", 0), "kernel": kernel, "sock": stat.get("sock", 0)}
             charged = int(current)
         else:
             usage, peak = _read(folder / "memory.usage_in_bytes"), _read(folder / "memory.max_usage_in_bytes")

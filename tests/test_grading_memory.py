@@ -291,3 +291,27 @@ def test_a_rank_cannot_leave_its_cgroup():
         assert os.waitstatus_to_exitcode(status) == 0, f"moved itself into {targets[os.waitstatus_to_exitcode(status) - 1]}"
     finally:
         groups.close()
+
+
+@pytest.mark.parametrize("kind, files", [
+    ("cgroup v2", {"memory.current": "50000000\n", "memory.peak": "60000000\n",
+                   "memory.stat": "anon 40000000\nfile 3000000\nkernel 2000000\nsock 1000000\nshmem 500\n"}),
+    ("cgroup v1", {"memory.usage_in_bytes": "49000000\n", "memory.max_usage_in_bytes": "60000000\n",
+                   "memory.kmem.usage_in_bytes": "2000000\n", "memory.kmem.tcp.usage_in_bytes": "1000000\n",
+                   "memory.stat": "cache 3000000\nrss 40000000\ntotal_cache 3000000\ntotal_rss 40000000\n"}),
+])
+def test_a_rank_cgroup_is_read_alike_on_v1_and_v2(tmp_path, kind, files):
+    """Each version's files, as the kernel writes them (a folder standing in for the cgroup): the
+    judged bytes are the resident anonymous memory of the processes listed in it plus its page
+    cache, kernel and socket charges; the whole charge is kept beside them, not judged (v1 adds
+    its TCP counter, which its usage leaves out)."""
+    from grading import rank_cgroups
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    reading = rank_cgroups.RankCgroups(kind, [tmp_path]).read(0)
+    anon = outside._status_kb(os.getpid())["RssAnon"] << 10
+    assert reading["source"] == kind and reading["processes"] == 1 and reading["peak"] == 60_000_000
+    assert abs(reading["bytes"] - (anon + 6_000_000)) < 4 * MB, reading  # this process's RssAnon moves a little
+    assert reading["charged"] == 50_000_000 and (reading["file"], reading["kernel"], reading["sock"]) == (3e6, 2e6, 1e6)
