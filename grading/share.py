@@ -44,10 +44,10 @@ class Share:
     entry: list[Path] = field(default_factory=list)  # where the run's first process goes (v2 with memory: grader/)
 
     def describe(self) -> str:
-        if not self.folders:
-            return "no CPU share of its own (no writable cgroup: grade one submission at a time)"
         memory = (f"; each rank's memory read from a memory cgroup of its own ({self.kind})" if self.memory else
-                  "; no memory cgroup: each rank's memory read from /proc (resident memory of its tree)")
+                  "; no memory cgroup: each rank's memory read from /proc (the resident memory of its processes)")
+        if not self.folders:
+            return f"no CPU share of its own (no writable cgroup: grade one submission at a time){memory}"
         return f"a CPU share and at most {MAX_TASKS} tasks of its own ({self.kind}){memory}"
 
     def env(self) -> dict[str, str]:
