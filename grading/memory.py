@@ -21,6 +21,8 @@ submission's object reaches, counted inside the rank, follow as a hint, labelled
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 import torch.nn.functional as F
 
@@ -78,15 +80,16 @@ def calibrated(ranks, fn, world_size: int, payloads: list[bytes], cache: dict = 
 
 def grader_keeps(calibration: list[dict], prefix: str) -> int | str:
     """What the grader's own ranks (``calibrated``) hold at the pauses whose label starts with
-    ``prefix``, beyond their first pause: the mean over ranks and pauses, in bytes; or why it
-    could not be read (a grader error: the check cannot tell)."""
+    ``prefix``, beyond their first pause: the median over ranks and pauses (a buffer in flight at
+    one pause moves it little), in bytes; or why it could not be read (a grader error: the check
+    cannot tell)."""
     found = []
     for rank, report in enumerate(calibration):
         steps = held(report, rank, prefix)
         if isinstance(steps, str):
             return f"grader error, not the submission's: the grader's own rank could not be read ({steps})"
         found += [b for _, b in steps]
-    return int(sum(found) / len(found)) if found else "grader error, not the submission's: no calibration readings"
+    return int(statistics.median(found)) if found else "grader error, not the submission's: no calibration readings"
 
 
 def how_read(reports: list[dict]) -> str:

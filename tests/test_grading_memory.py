@@ -315,3 +315,45 @@ def test_a_rank_cgroup_is_read_alike_on_v1_and_v2(tmp_path, kind, files):
     assert reading["source"] == kind and reading["processes"] == 1 and reading["peak"] == 60_000_000
     assert abs(reading["bytes"] - (anon + 6_000_000)) < 4 * MB, reading  # this process's RssAnon moves a little
     assert reading["charged"] == 50_000_000 and (reading["file"], reading["kernel"], reading["sock"]) == (3e6, 2e6, 1e6)
+
+
+def _measured(imported_mb: float, after_step: list[float], source: str = "cgroup v1") -> dict:
+    """A measured rank's readings (MB above its first pause), its import's pause included."""
+    readings = [{"label": outside.BEFORE, "bytes": 400 * MB, "source": source},
+                {"label": outside.IMPORTED, "bytes": 400 * MB + int(imported_mb * MB), "source": source}]
+    readings += [{"label": f"after step {s}", "bytes": 400 * MB + int(b * MB), "source": source}
+                 for s, b in enumerate(after_step, 1)]
+    return {"outside": readings}
+
+
+def test_state_is_judged_beyond_the_graders_own_ranks_and_the_import():
+    """Measured with a cgroup per rank (this machine, the answers at 2 ranks): the grader's own
+    ranks hold 6.4 MB (the model and 0.4 MB of buffers), the answers' import 1.4 MB, each rank
+    14.1 MB: 6.7 MB of state, under the 9.0 MB bound. The unsharded optimizer is found; so is one
+    that allocated a buffer for its state at import (8 MB there): the import allowance is 1 MB."""
+    calibration = [{"outside": [{"label": outside.BEFORE, "bytes": 300 * MB}] +
+                    [{"label": f"after step {s}", "bytes": 300 * MB + int(6.4 * MB)} for s in (1, 2, 3)]}] * 2
+    correct = [_measured(1.4, [14.06, 14.1, 14.1])] * 2
+    assert state_finding(correct, STATE, MODEL, ZERO, "over", calibration) == ""
+    unsharded = state_finding([_measured(1.4, [20.1, 20.1, 20.1])] * 2, STATE, MODEL, ZERO, "over", calibration)
+    assert unsharded.startswith("rank 0 holds 12.7 MB beyond the 6.4 MB the grader's own training holds there"), unsharded
+    assert "its memory cgroup's charge, cgroup v1" in unsharded
+    at_import = state_finding([_measured(8.0, [20.1, 20.1, 20.1])] * 2, STATE, MODEL, ZERO, "over", calibration)
+    assert at_import.startswith("rank 0 holds 12.7 MB beyond"), at_import
+    unread = state_finding(correct, STATE, MODEL, ZERO, "over", [{"outside": []}] * 2)
+    assert unread.startswith("grader error, not the submission's"), unread
+
+
+def test_fsdp_allowance_is_what_the_graders_plain_model_keeps():
+    """The grader's plain model keeps 1.4 MB beyond its 24 MB of weights (measured, 2 ranks): a
+    correct rank at 15.2 MB (import 1.4) passes, one weight kept whole (3 MB more) fails, and the
+    allowance never drops below TRAINING_KEEPS where the plain model keeps less."""
+    full = sum(WEIGHTS.values())
+    plain = [{"outside": [{"label": outside.BEFORE, "bytes": 300 * MB}] +
+              [{"label": f"after step {s}", "bytes": 300 * MB + full + int(1.4 * MB)} for s in (1, 2)]}] * 2
+    assert weights_finding([_measured(1.4, [15.2, 15.2])] * 2, WEIGHTS, 0, FSDP, plain) == ""
+    found = weights_finding([_measured(1.4, [18.2, 18.2])] * 2, WEIGHTS, 0, FSDP, plain)
+    assert found.startswith("rank 0 holds 17.2 MB between steps") and "+ 1.4 MB the training keeps" in found, found
+    lean = [{"outside": [{"label": outside.BEFORE, "bytes": 300 * MB}] +
+             [{"label": f"after step {s}", "bytes": 300 * MB + full} for s in (1, 2)]}] * 2
+    assert "+ 1.2 MB the training keeps" in weights_finding([_measured(1.4, [18.2, 18.2])] * 2, WEIGHTS, 0, FSDP, lean)
