@@ -2,7 +2,9 @@
 
 Each test starts ``world_size`` processes from a fork server that imported torch and the
 suite's rank-side code (``grading.training``) but never the submission (a fresh interpreter per
-rank costs seconds; a fork, milliseconds). The fork server confines itself before it imports
+rank costs seconds; a fork, milliseconds). Where the grader may make cgroups, it moves each rank
+into a memory cgroup of its own, which the rank waits for before it joins its group, and kills
+whatever is left in it when the test ends (rank_cgroups.py). The fork server confines itself before it imports
 anything (rank_server.py: as root, the student uid; no capability; with namespaces, the ranks'
 own view of the file systems); its socket lies in the grader's private folder, never in the
 ranks' TMPDIR. A rank confines itself again (``confine``), puts the submission's folders on
