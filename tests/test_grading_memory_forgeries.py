@@ -5,6 +5,10 @@
   in ``/dev/shm``), at 3 into a helper each rank double-forks. The ranks' resident memory saw no
   state there; the cgroup counts the files' page cache and tmpfs pages and the helper, so the
   state is not sharded, at both world sizes.
+* An "FSDP" that keeps every weight whole and averages gradients as DDP does, and moves all
+  its weights into a file in ``/dev/shm`` after every optimizer step (a hook on every optimizer's
+  step), bringing them back for forward and for the grader's gather: a rank's resident memory
+  held none of them between steps; the cgroup counts the file, so weights are not sharded.
 * A compact correct sharded optimizer (parameters dealt round-robin, each rank's own optimizer
   over its share, a broadcast from each owner): every point of the tests it is graded on.
 
@@ -23,7 +27,7 @@ import pytest
 from grading import share
 from grading.harness import grade
 from grading.problems import named_for
-from tests.test_grading import QUICK, ZERO, failures, points
+from tests.test_grading import FSDP, QUICK, ZERO, failures, points
 from tests.test_grading_probe_forgeries import forged
 
 pytestmark = pytest.mark.problem("beyond")
@@ -160,6 +164,55 @@ class ShardedOptimizer(torch.optim.Optimizer):
 '''
 
 
+WEIGHTS_IN_SHM = '''"""Every weight whole, gradients averaged; between steps the weights live in a /dev/shm file."""
+
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+
+class FSDP(nn.Module):
+    def __init__(self, module, compute_dtype=None):
+        super().__init__()
+        self.module, self.away = module, {}
+        register_optimizer_step_post_hook(lambda *args: self._move_out())
+
+    def _path(self, name):
+        return f"/dev/shm/.weights-{os.getpid()}-{name}"
+
+    def _move_out(self):
+        for name, p in self.module.named_parameters():
+            with open(self._path(name), "wb") as f:
+                f.write(p.detach().numpy().tobytes())
+            self.away[name] = p.shape
+            p.data = torch.empty(0)
+
+    def _bring_back(self):
+        for name, p in self.module.named_parameters():
+            if name in self.away:
+                with open(self._path(name), "rb") as f:
+                    p.data = torch.frombuffer(bytearray(f.read()), dtype=torch.float32).view(self.away.pop(name))
+                os.unlink(self._path(name))
+
+    def forward(self, *args, **kwargs):
+        self._bring_back()
+        return self.module(*args, **kwargs)
+
+    def finish_gradient_synchronization(self):
+        for p in self.module.parameters():
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+                p.grad.div_(dist.get_world_size())
+
+    def gather_full_params(self):
+        self._bring_back()
+        return {name: p.detach().clone() for name, p in self.module.named_parameters()}
+'''
+
+
 @pytest.fixture(scope="module")
 def memory_cgroups():
     """Whether the harness can give each run a memory cgroup here (else these tests cannot tell)."""
@@ -191,3 +244,16 @@ def test_compact_correct_variant_keeps_every_point(tmp_path, memory_cgroups):
                    select="test_matches_single_process or test_state_is_sharded or test_every_rank_keeps_its_share")
     assert [t.output for t in graded.tests if not t.passed] == []
     assert points(graded, ZERO) == pytest.approx(15.0, abs=2e-4)
+
+
+@pytest.mark.skipif(os.environ.get("FORGERIES") != "all", reason="a grading of its own: FORGERIES=all runs it")
+def test_fsdp_weights_moved_to_a_file_between_steps_are_not_sharded(tmp_path, memory_cgroups):
+    tree = forged(tmp_path, files={"cs336_systems/fsdp.py": WEIGHTS_IN_SHM})
+    graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(FSDP,),
+                   select="test_matches_single_process or test_parameters_are_sharded")
+    assert [t.name for t in graded.tests if not t.passed] == [
+        "test_fsdp.py::test_parameters_are_sharded[2]", "test_fsdp.py::test_parameters_are_sharded[3]"], \
+        failures(graded, FSDP)
+    for line in failures(graded, FSDP):
+        assert "weights are not sharded" in line and "memory cgroup's charge" in line, line
+        assert float(line.split(" holds ")[1].split(" MB")[0]) > 24.0, line  # every weight, in the file
