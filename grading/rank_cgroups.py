@@ -200,7 +200,10 @@ class RankCgroups:
                 folder.mkdir()
                 made.append(folder)
                 if kind == "cgroup v1":  # socket buffers are counted only once this counter has a limit
-                    (folder / "memory.kmem.tcp.limit_in_bytes").write_text("-1")
+                    try:
+                        (folder / "memory.kmem.tcp.limit_in_bytes").write_text("-1")
+                    except OSError:  # a kernel without it (kmem accounting off): the rest is still read
+                        pass
         except OSError:
             for folder in made:
                 _rmdir(folder)
