@@ -282,7 +282,7 @@ def run_sharded_optimizer(ranks, world_size: int, case: ZeroCase) -> Run:
     batches = random_batches(case.steps, g)
     sample = draw_sample({n: v.numel() for n, v in init.items()}, g) if case.measure_state else None
     payload = wire.encode({"case": asdict(case), "init": init, "batches": batches, "sample": sample})
-    calibration = memory.calibrated(ranks, training.calibrate_sharded_optimizer, world_size, [payload] * world_size) \
+    calibration = memory.calibrated(training.calibrate_sharded_optimizer, world_size, [payload] * world_size) \
         if case.measure_state else []
     reports = ranks(training.train_sharded_optimizer, world_size, [payload] * world_size)
     reference = models.build("equal", case.layers, case.width)
@@ -331,7 +331,7 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
     job = {"case": {"optimizer": case.optimizer, "shape": asdict(case.shape), "compute_dtype": case.compute_dtype,
                     "measure": case.measure}, "sample": sample, **({"init_seed": seed} if case.measure else {"init": init})}
     payloads = [wire.encode({**job, "batches": [shard(b, r, world_size) for b in batches]}) for r in range(world_size)]
-    calibration = memory.calibrated(ranks, training.calibrate_fsdp, world_size, payloads) if case.measure else []
+    calibration = memory.calibrated(training.calibrate_fsdp, world_size, payloads) if case.measure else []
     reports = ranks(training.train_fsdp, world_size, payloads)
     dtype = getattr(torch, case.compute_dtype) if case.compute_dtype else None
     try:

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import statistics
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from grading.outside import BEFORE, IMPORTED, KEY
 from grading.problems import named_for
+from grading.ranks import RankFailure, run_ranks
+from grading.selfcheck import GRADER_FAILURE
 
 MB = 2**20
 
@@ -67,14 +70,19 @@ def held(report: dict, rank: int, prefix: str) -> list[tuple[str, int]] | str:
     return found
 
 
-def calibrated(ranks, fn, world_size: int, payloads: list[bytes], cache: dict = {}) -> list[dict]:  # noqa: B006
+def calibrated(fn, world_size: int, payloads: list[bytes], cache: dict = {}) -> list[dict]:  # noqa: B006
     """The grader's own ranks at a measured run's sizes and pauses (training.calibrate_*), their
     memory read as the measured ranks' is: once per world size in this grading (``cache``: this
     process's), before its first measured run, so that what a rank's first touch of shared code
-    and files charges falls here too."""
+    and files charges falls here too. No submission code runs in them: their failure is the
+    grader's (the grading stops, no grade written), never the submission's."""
     key = (fn.__name__, world_size)
     if key not in cache:
-        cache[key] = ranks(fn, world_size, payloads)
+        try:
+            cache[key] = run_ranks(fn, world_size, payloads)
+        except RankFailure as failure:
+            pytest.fail(f"{GRADER_FAILURE}the grader's own ranks, which measure what a rank keeps without a "
+                        f"submission, failed: {failure.reason}", pytrace=False)
     return cache[key]
 
 

@@ -357,3 +357,18 @@ def test_fsdp_allowance_is_what_the_graders_plain_model_keeps():
     lean = [{"outside": [{"label": outside.BEFORE, "bytes": 300 * MB}] +
              [{"label": f"after step {s}", "bytes": 300 * MB + full} for s in (1, 2)]}] * 2
     assert "+ 1.2 MB the training keeps" in weights_finding([_measured(1.4, [18.2, 18.2])] * 2, WEIGHTS, 0, FSDP, lean)
+
+
+def _grader_rank_that_fails(ctx, job) -> dict:
+    raise RuntimeError("out of memory, say")
+
+
+def test_a_calibration_that_fails_is_the_graders_failure():
+    """The grader's own ranks run no submission code: when they fail, the test fails as a grader
+    failure (the grading stops with no grade written), never as the submission's."""
+    from grading import wire
+    from grading.memory import calibrated
+    from grading.selfcheck import GRADER_FAILURE
+
+    with pytest.raises(pytest.fail.Exception, match=f"^{GRADER_FAILURE}the grader's own ranks.*out of memory, say"):
+        calibrated(_grader_rank_that_fails, 2, [wire.encode({})] * 2)
