@@ -14,7 +14,8 @@ It never imports this repository's ``cs336_systems``: a submission brings its ow
 * training.py    what a rank does: train through the adapters and report (rank side)
 * checks.py      what the grader does: data, reference training, comparisons (never imports the submission)
 * probes.py      collectives logged (during backward? bytes carried? left running?); tensors an object holds (a hint)
-* outside.py     a rank's resident memory, read by the grader from /proc while the rank is stopped at a pause
+* outside.py     a rank's memory, read by the grader while the rank is stopped at a pause
+* rank_cgroups.py a memory cgroup per rank: the kernel's charge for all it and its processes hold
 * memory.py      sharding judged from those readings: optimizer state per rank, FSDP weight by weight, freed after use
 * suite/         the hidden-style tests, one file per problem, each naming the handout's requirement
 * plugin.py      pytest plugin: repeats, each outcome to the harness over a pipe
@@ -23,7 +24,8 @@ It never imports this repository's ``cs336_systems``: a submission brings its ow
 * rank_server.py the fork server's first act: as privileged as a rank, no more
 * student.py     as root: a uid of its own per submission; every process of it killed, its files removed
 * containment.py the three ways a run is contained (root, namespaces, neither) and its end
-* share.py       a CPU share and a task limit per run (a cgroup of its own, where one can be made)
+* share.py       a CPU share and a task limit per run (a cgroup of its own, where one can be made),
+                 the parent of its ranks' memory cgroups
 * outcomes.py    the outcome pipe read as the run goes: early stop, an interrupted grader
 * harness.py     grading a checkout or zip: scratch copy, containment, limits, results once all is gone
 * course.py      a folder of submissions, a process each here or a job each through submitit; reruns; names

@@ -82,6 +82,7 @@ class Run:
     weights: dict[str, int] = field(default_factory=dict)  # FSDP: each Linear and Embedding weight's bytes
     replicated: int = 0  # FSDP: the bytes of the parameters no rank shards (norm, biases)
     activations: int = 0  # FSDP: what one rank's forward saves for backward, logits included
+    calibration: list[dict] = field(default_factory=list)  # a measured run's: the grader's own ranks' reports
 
     def assert_matches(self) -> None:
         if self.mismatch:
@@ -281,6 +282,8 @@ def run_sharded_optimizer(ranks, world_size: int, case: ZeroCase) -> Run:
     batches = random_batches(case.steps, g)
     sample = draw_sample({n: v.numel() for n, v in init.items()}, g) if case.measure_state else None
     payload = wire.encode({"case": asdict(case), "init": init, "batches": batches, "sample": sample})
+    calibration = memory.calibrated(training.calibrate_sharded_optimizer, world_size, [payload] * world_size) \
+        if case.measure_state else []
     reports = ranks(training.train_sharded_optimizer, world_size, [payload] * world_size)
     reference = models.build("equal", case.layers, case.width)
     reference.load_state_dict(init)
@@ -292,7 +295,8 @@ def run_sharded_optimizer(ranks, world_size: int, case: ZeroCase) -> Run:
     exclude = {p.untyped_storage().data_ptr() for p in reference.parameters()}
     exclude |= {p.grad.untyped_storage().data_ptr() for p in reference.parameters() if p.grad is not None}
     return Run(reports, mismatch, sum(h.nbytes for h in probes.held_tensors(optimizer, "optimizer", exclude)),
-               model_bytes=sum(p.numel() * p.element_size() for p in reference.parameters()))
+               model_bytes=sum(p.numel() * p.element_size() for p in reference.parameters()), calibration=calibration)
+
 
 
 def draw_sample(numels: dict[str, int], g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -327,6 +331,7 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
     job = {"case": {"optimizer": case.optimizer, "shape": asdict(case.shape), "compute_dtype": case.compute_dtype,
                     "measure": case.measure}, "sample": sample, **({"init_seed": seed} if case.measure else {"init": init})}
     payloads = [wire.encode({**job, "batches": [shard(b, r, world_size) for b in batches]}) for r in range(world_size)]
+    calibration = memory.calibrated(training.calibrate_fsdp, world_size, payloads) if case.measure else []
     reports = ranks(training.train_fsdp, world_size, payloads)
     dtype = getattr(torch, case.compute_dtype) if case.compute_dtype else None
     try:
@@ -347,4 +352,5 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
     weights = {f"{layer}.{layer_.weight_name}": getattr(layer_, layer_.weight_name).numel() * 4
                for layer in models.LM_LAYERS if layer != "norm" for layer_ in [getattr(reference, layer)]}
     full = sum(p.numel() * p.element_size() for p in reference.parameters())
-    return Run(reports, mismatch, full, weights=weights, replicated=full - sum(weights.values()), activations=saved)
+    return Run(reports, mismatch, full, weights=weights, replicated=full - sum(weights.values()), activations=saved,
+               calibration=calibration)

@@ -126,7 +126,7 @@ class Containment:
         env = {"GRADING_NETNS": "1"} if self.namespaces else {}
         if self.student:
             env["GRADING_STUDENT_UID"] = str(self.student.uid)
-        return env
+        return {**env, **self.share.env()}
 
     def hand_over(self, scratch: Path, writable: list[Path], out: Path, hidden: list[Path],
                   keep: list[Path]) -> dict[str, str]:

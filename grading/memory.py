@@ -1,13 +1,18 @@
-"""Sharding judged from a rank's resident memory, read by the grader from outside the rank.
+"""Sharding judged from what a rank holds, read by the grader from outside the rank.
 
 Each rank of a measured test pauses (grading/outside.py): once before any of the submission's
-code runs, then at the points a check names; what a rank *holds* at a pause is its resident
-memory there less its memory at the first pause: everything the submission's code (and the
-suite's training loop beside it) made and kept, wherever it keeps it, a module global or a
-helper process included. The models are sized so that what each check looks for is many
-megabytes, several times the spread of that difference over runs of a correct solution under
-load (README, "How sharding is measured"); each bound lies halfway between what a correct
-solution holds and what the weakest solution it must catch holds.
+code runs, once its modules are imported, then at the points a check names; what a rank *holds*
+at a pause is its memory there (its memory cgroup's, rank_cgroups.py, where the grader could
+make one; else its resident memory) less its memory at the first pause and what the submission's
+import holds, up to ``IMPORT_ALLOWANCE``: everything the submission's code (and the suite's
+training loop beside it) made and kept, wherever it keeps it, a module global, a helper process,
+a file or a pipe included (the last three only with a cgroup). What a rank holds that is the
+grader's (its model, autograd's and gloo's buffers) is measured in the same grading, by ranks
+of the grader's own at the same sizes and pauses with no submission code (``calibrated``). The
+models are sized so that what each check looks for is many megabytes, several times the spread
+of that difference over runs of a correct solution under load (README, "How sharding is
+measured"); each bound lies halfway between what a correct solution holds and what the weakest
+solution it must catch holds.
 
 Every finding says the requirement, the megabytes seen against the bound, and what a correct
 solution and the weak one would hold, so a TA can check it. The largest tensors the
@@ -16,11 +21,16 @@ submission's object reaches, counted inside the rank, follow as a hint, labelled
 
 from __future__ import annotations
 
+import statistics
+
+import pytest
 import torch
 import torch.nn.functional as F
 
-from grading.outside import BEFORE, KEY
+from grading.outside import BEFORE, IMPORTED, KEY
 from grading.problems import named_for
+from grading.ranks import RankFailure, run_ranks
+from grading.selfcheck import GRADER_FAILURE
 
 MB = 2**20
 
@@ -29,8 +39,17 @@ def mb(n: float) -> str:
     return f"{n / MB:.1f} MB"
 
 
+# What the submission's own import may hold without being counted: a measured rank pauses once its
+# modules are imported (``IMPORTED``), and what it holds there, up to this much, is taken as
+# theirs (the answers' adapters import 1.4 MB of modules: the FSDP check's margin at 2 ranks is
+# half a weight's shard, 1.55 MB). A forger that allocates at import a buffer for its state gains
+# at most this much: less than that margin, and a third of the optimizer check's.
+IMPORT_ALLOWANCE = 1 * MB
+
+
 def held(report: dict, rank: int, prefix: str) -> list[tuple[str, int]] | str:
-    """(label, bytes held) at each pause whose label starts with ``prefix``; or the finding that a
+    """(label, bytes held) at each pause whose label starts with ``prefix``, beyond the first pause
+    (and what the submission's import holds, up to ``IMPORT_ALLOWANCE``); or the finding that a
     pause was not read (the rank did not stop: its memory could not be read from outside)."""
     readings = report.get(KEY) or []
     broken = [r["grader_error"] for r in readings if r.get("grader_error")]
@@ -43,10 +62,50 @@ def held(report: dict, rank: int, prefix: str) -> list[tuple[str, int]] | str:
         return (f"rank {rank} did not stop at the grader's pause '{unread[0]}' (the rank stops itself with SIGSTOP "
                 "while the grader reads its memory from outside): its memory could not be read")
     base = [r for r in readings if r["label"] == BEFORE]
-    found = [(r["label"], r["bytes"] - base[0]["bytes"]) for r in readings if r["label"].startswith(prefix)] if base else []
+    imported = [r["bytes"] - base[0]["bytes"] for r in readings if r["label"] == IMPORTED][:1] if base else []
+    start = base[0]["bytes"] + min(max(imported + [0]), IMPORT_ALLOWANCE) if base else 0
+    found = [(r["label"], r["bytes"] - start) for r in readings if r["label"].startswith(prefix)] if base else []
     if len(base) != 1 or not found:
         return f"rank {rank} reported {len(readings)} pauses, not the ones the suite makes: its memory could not be read"
     return found
+
+
+def calibrated(fn, world_size: int, payloads: list[bytes], cache: dict = {}) -> list[dict]:  # noqa: B006
+    """The grader's own ranks at a measured run's sizes and pauses (training.calibrate_*), their
+    memory read as the measured ranks' is: once per world size in this grading (``cache``: this
+    process's), before its first measured run, so that what a rank's first touch of shared code
+    and files charges falls here too. No submission code runs in them: their failure is the
+    grader's (the grading stops, no grade written), never the submission's."""
+    key = (fn.__name__, world_size)
+    if key not in cache:
+        try:
+            cache[key] = run_ranks(fn, world_size, payloads)
+        except RankFailure as failure:
+            pytest.fail(f"{GRADER_FAILURE}the grader's own ranks, which measure what a rank keeps without a "
+                        f"submission, failed: {failure.reason}", pytrace=False)
+    return cache[key]
+
+
+def grader_keeps(calibration: list[dict], prefix: str) -> int | str:
+    """What the grader's own ranks (``calibrated``) hold at the pauses whose label starts with
+    ``prefix``, beyond their first pause: the median over ranks and pauses (a buffer in flight at
+    one pause moves it little), in bytes; or why it could not be read (a grader error: the check
+    cannot tell)."""
+    found = []
+    for rank, report in enumerate(calibration):
+        steps = held(report, rank, prefix)
+        if isinstance(steps, str):
+            return f"grader error, not the submission's: the grader's own rank could not be read ({steps})"
+        found += [b for _, b in steps]
+    return int(statistics.median(found)) if found else "grader error, not the submission's: no calibration readings"
+
+
+def how_read(reports: list[dict]) -> str:
+    """How the readings were taken, as a finding says it: the rank's memory cgroup or its resident memory."""
+    sources = {r.get("source") for report in reports for r in report.get(KEY) or [] if "bytes" in r}
+    if sources and sources <= {"cgroup v1", "cgroup v2"}:
+        return f"read from outside the rank: its memory cgroup's charge, {'/'.join(sorted(sources))}"
+    return "read from outside the rank: the resident memory of its processes"
 
 
 def _hint(report: dict) -> str:
@@ -60,14 +119,24 @@ STATE_OVER = 0.25
 STATE_FLOOR = 1 / 3
 
 
-def state_finding(reports: list[dict], full_state: int, model_bytes: int, problem: str, side: str) -> str:
+def state_finding(reports: list[dict], full_state: int, model_bytes: int, problem: str, side: str,
+                  calibration: list[dict] | None = None) -> str:
     """Every rank keeps about 1/world size of the optimizer state, from one ``side``: "over", at
     most 1/ws + ``STATE_OVER`` of the unsharded state (least over the steps: a buffer in flight at
     one pause is not state); "under", at least ``STATE_FLOOR`` of 1/ws (most over the steps). What
-    a rank holds beyond the model's parameters (``model_bytes``: gradients are dropped before each
-    pause) is its state. "" or the first rank's finding, ending with ``named_for(problem)``."""
+    a rank holds beyond what the grader's own training holds at the same pauses (``calibration``,
+    its model and buffers; without it, the model's parameters, ``model_bytes``: gradients are
+    dropped before each pause) is its state. "" or the first rank's finding, ending with
+    ``named_for(problem)``."""
     ws = len(reports)
     high, low = full_state * (1 / ws + STATE_OVER), full_state / ws * STATE_FLOOR
+    baseline = f"the model's {mb(model_bytes)}"
+    if calibration:
+        model_bytes = grader_keeps(calibration, "after step")
+        if isinstance(model_bytes, str):
+            return f"{model_bytes} {named_for(problem)}"
+        baseline = f"the {mb(model_bytes)} the grader's own training holds there (its model; measured in this run)"
+    read = how_read(reports)
     for rank, report in enumerate(reports):
         steps = held(report, rank, "after step")
         if isinstance(steps, str):
@@ -75,12 +144,12 @@ def state_finding(reports: list[dict], full_state: int, model_bytes: int, proble
         state = [(label, b - model_bytes) for label, b in steps]
         least, most = min(state, key=lambda s: s[1]), max(state, key=lambda s: s[1])
         if side == "over" and least[1] > high:
-            return (f"rank {rank} holds {mb(least[1])} beyond the model's {mb(model_bytes)} at every pause (least: "
+            return (f"rank {rank} holds {mb(least[1])} beyond {baseline} at every pause (least: "
                     f"{least[0]}), {least[1] / full_state:.0%} of the {mb(full_state)} the unsharded optimizer keeps "
-                    f"(read from outside the rank; sharded over {ws} ranks: about {mb(full_state / ws)}, at most "
+                    f"({read}; sharded over {ws} ranks: about {mb(full_state / ws)}, at most "
                     f"{mb(high)}): the optimizer state is not sharded {named_for(problem)}{_hint(report)}")
         if side == "under" and most[1] < low:
-            return (f"rank {rank} holds at most {mb(most[1])} beyond the model ({most[0]}) while each of {ws} ranks "
+            return (f"rank {rank} holds at most {mb(most[1])} beyond {baseline} ({most[0]}; {read}) while each of {ws} ranks "
                     f"should keep about 1/{ws} of the {mb(full_state)} of optimizer state ({mb(full_state / ws)}; at "
                     f"least {mb(low)}): this rank was given no share of the parameters (a partition written for "
                     f"another world size?) {named_for(problem)}{_hint(report)}")
@@ -93,15 +162,24 @@ def state_finding(reports: list[dict], full_state: int, model_bytes: int, proble
 TRAINING_KEEPS = int(1.2 * MB)
 
 
-def weights_finding(reports: list[dict], weights: dict[str, int], replicated: int, problem: str) -> str:
+def weights_finding(reports: list[dict], weights: dict[str, int], replicated: int, problem: str,
+                    calibration: list[dict] | None = None) -> str:
     """Each Linear and Embedding weight held at 1/world size between steps, checked weight by
     weight: the model's weights are of one size (models.MEASURED_LM), so one weight kept whole
     adds ``w·(1 - 1/ws)``, and the bound lies halfway between that and a fully sharded rank
-    (1/ws of every weight, the replicated parameters whole, ``TRAINING_KEEPS``). The least over
-    the steps is judged."""
+    (1/ws of every weight, the replicated parameters whole, and what the training keeps beyond
+    its weights: ``TRAINING_KEEPS``, or more where the grader's own plain model keeps more,
+    ``calibration``, measured in this run). The least over the steps is judged."""
     ws = len(reports)
     total = sum(weights.values())
-    expected = total / ws + replicated + TRAINING_KEEPS
+    keeps = TRAINING_KEEPS
+    if calibration:
+        plain = grader_keeps(calibration, "after step")
+        if isinstance(plain, str):
+            return f"{plain} {named_for(problem)}"
+        keeps = max(keeps, plain - total - replicated)
+    expected = total / ws + replicated + keeps
+    read = how_read(reports)
     one_whole = min(weights.values()) * (1 - 1 / ws)
     bound = expected + one_whole / 2
     for rank, report in enumerate(reports):
@@ -110,9 +188,9 @@ def weights_finding(reports: list[dict], weights: dict[str, int], replicated: in
             return f"{steps} {named_for(problem)}"
         label, least = min(steps, key=lambda s: s[1])
         if least > bound:
-            return (f"rank {rank} holds {mb(least)} between steps (least: {label}; read from outside the rank), over "
+            return (f"rank {rank} holds {mb(least)} between steps (least: {label}; {read}), over "
                     f"the {mb(bound)} allowed: 1/{ws} of each Linear and Embedding weight comes to {mb(total / ws)} "
-                    f"(+ {mb(replicated)} replicated, + {mb(TRAINING_KEEPS)} the training keeps), and any one of {', '.join(weights)} "
+                    f"(+ {mb(replicated)} replicated, + {mb(keeps)} the training keeps), and any one of {', '.join(weights)} "
                     f"({mb(min(weights.values()))} each) kept whole adds {mb(one_whole)}: weights are not sharded "
                     f"{named_for(problem)}{_hint(report)}")
     return ""

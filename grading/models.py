@@ -196,6 +196,15 @@ def lm_dims(shape: LMShape) -> dict[str, tuple[int, int]]:
             "down": (shape.d_ff, shape.d_model), "lm_head": (shape.d_model, shape.vocab)}
 
 
+def lm_layout(shape: LMShape) -> dict[str, tuple[int, ...]]:
+    """Every parameter of the LM in the handout's layout (``lm_init``'s names and shapes)."""
+    layout = {"embedding.weight": (shape.vocab, shape.d_model), "norm.weight": (shape.d_model,)}
+    for layer, (fan_in, fan_out) in lm_dims(shape).items():
+        if layer != "embedding":
+            layout.update({f"{layer}.weight": (fan_out, fan_in), f"{layer}.bias": (fan_out,)})
+    return layout
+
+
 def arrange(init: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
     """The grader's initial value for parameter ``name`` (``layer.attribute``) of ``shape``."""
     layer = name.split(".")[0]

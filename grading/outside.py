@@ -1,4 +1,4 @@
-"""What the grader reads about a rank from outside it: its resident memory, at pauses.
+"""What the grader reads about a rank from outside it: its memory, at pauses.
 
 A number a rank counts itself (objects the collector lists, bytes a wrapper saw) can be frozen,
 hidden or faked by the submission's code beside it. The kernel's own count of a process's
@@ -13,6 +13,11 @@ while the rank is stopped. The protocol, one pause:
   kernel shows the rank stopped (state ``T``), reads the resident memory of the rank and of every
   process descended from it (a helper it forked holds memory too), checks the rank is still
   stopped, and sends SIGCONT.
+
+Where the grader could give the rank a memory cgroup of its own (rank_cgroups.py), the reading
+that counts (``bytes``) is that cgroup's charge instead, which also holds what no process's
+resident set shows (a file in a tmpfs or on disk, a pipe's buffer, a helper that left the rank's
+tree); the resident memory stays beside it (``resident``), and ``source`` says which was read.
 
 A rank that does not stop within ``STOP_WAIT_S`` (its ``os.kill`` patched, say) is recorded
 without a reading, and a check that needs one fails. The readings reach the checks as the
@@ -36,6 +41,7 @@ from grading import wire
 
 KEY = "outside"  # a report's entry the grader fills with its readings
 BEFORE = "before the submission"  # a measured rank's first pause: its memory before any of its code ran
+IMPORTED = "after the submission's import"  # its second: the submission's modules imported, nothing built yet
 STOP_WAIT_S = 5.0  # a rank loaded by a busy machine takes a moment to reach its SIGSTOP
 MAX_PAUSES = 12  # a measured run makes at most 5; more are a rank's own frames, let go unread
 MMAP_THRESHOLD = 64 << 10
@@ -156,8 +162,10 @@ def resident_bytes(pid: int) -> dict[str, int] | None:
     return {"bytes": anon + shmem, "anon": anon, "shmem": shmem, "processes": len(processes)}
 
 
-def read_stopped(pid: int, label: str) -> dict:
-    """Grader side: wait for the stopped rank, read it, let it go on."""
+def read_stopped(pid: int, label: str, cgroup_read=None) -> dict:
+    """Grader side: wait for the stopped rank, read it, let it go on. With ``cgroup_read`` (the
+    rank's memory cgroup, rank_cgroups.py), ``bytes`` is that cgroup's charge, and the resident
+    memory of the rank's tree is kept beside it (``resident``)."""
     deadline = time.monotonic() + STOP_WAIT_S
     while _state(pid) != "T" and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -166,8 +174,14 @@ def read_stopped(pid: int, label: str) -> dict:
         memory = resident_bytes(pid)
         if memory is None:
             reading["grader_error"] = f"the grader cannot read /proc/{pid}/status (RssAnon)"
+        elif cgroup_read is not None:
+            charged = cgroup_read()
+            if charged is None:
+                reading["grader_error"] = "the grader cannot read the rank's memory cgroup"
+            elif _state(pid) == "T":  # no one woke it while it was read
+                reading.update(charged, resident=memory["bytes"])
         elif _state(pid) == "T":  # no one woke it while it was read
-            reading.update(memory)
+            reading.update(memory, source="resident")
     try:
         os.kill(pid, signal.SIGCONT)
     except (ProcessLookupError, PermissionError):
@@ -175,9 +189,10 @@ def read_stopped(pid: int, label: str) -> dict:
     return reading
 
 
-def take_pauses(buffer: bytearray, pid: int, readings: list[dict], frame) -> None:
+def take_pauses(buffer: bytearray, pid: int, readings: list[dict], frame, cgroup_read=None) -> None:
     """Grader side: consume every whole pause frame at the head of ``buffer`` (``frame`` returns a
-    whole message or None), reading the rank's memory for each; the report, if any, stays."""
+    whole message or None), reading the rank's memory for each (its cgroup's, with
+    ``cgroup_read``); the report, if any, stays."""
     while (message := frame(buffer)) is not None and message:
         try:
             decoded = wire.decode(message)
@@ -194,4 +209,4 @@ def take_pauses(buffer: bytearray, pid: int, readings: list[dict], frame) -> Non
             if readings[-1].get("label") != "too many pauses":
                 readings.append({"label": "too many pauses"})
             continue
-        readings.append(read_stopped(pid, decoded["pause"][:80]))
+        readings.append(read_stopped(pid, decoded["pause"][:80], cgroup_read))

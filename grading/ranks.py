@@ -2,7 +2,9 @@
 
 Each test starts ``world_size`` processes from a fork server that imported torch and the
 suite's rank-side code (``grading.training``) but never the submission (a fresh interpreter per
-rank costs seconds; a fork, milliseconds). The fork server confines itself before it imports
+rank costs seconds; a fork, milliseconds). Where the grader may make cgroups, it moves each rank
+into a memory cgroup of its own, which the rank waits for before it joins its group, and kills
+whatever is left in it when the test ends (rank_cgroups.py). The fork server confines itself before it imports
 anything (rank_server.py: as root, the student uid; no capability; with namespaces, the ranks'
 own view of the file systems); its socket lies in the grader's private folder, never in the
 ranks' TMPDIR. A rank confines itself again (``confine``), puts the submission's folders on
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
-from grading import outside, wire
+from grading import outside, rank_cgroups, wire
 from grading.sandbox import not_dumpable
 from grading.selfcheck import GRADER_FAILURE
 
@@ -193,11 +195,14 @@ def _send(fd: int, data: bytes) -> None:
 
 
 def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payload: bytes, writer: Any,
-               roots: list[str]) -> None:
-    """Entry point of one forked rank: confine, join the group, run ``fn``, report, leave."""
+               roots: list[str], cgroup: tuple[str, str] | None = None) -> None:
+    """Entry point of one forked rank: confine, wait to be in its memory cgroup (``cgroup``: its
+    name and kind, rank_cgroups.py), join the group, run ``fn``, report, leave."""
     started = False  # the submission's code can run only from here on (``fn`` imports it)
     try:
         confine()
+        if cgroup is not None:
+            rank_cgroups.wait_until_moved(*cgroup)
         _use_submission(roots)
         import torch
         import torch.distributed as dist
@@ -295,6 +300,7 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
     timeout_s = TEST_TIMEOUT_S if timeout_s is None else timeout_s
     ctx = _context()
     roots = submission_roots()
+    groups = rank_cgroups.RankCgroups.make(world_size)  # None: memory is read from /proc alone
     with tempfile.TemporaryDirectory(prefix="grading-store-", dir=os.environ.get("GRADING_RANK_TMPDIR")) as tmp:
         if os.environ.get("GRADING_STUDENT_UID"):  # the group's file store, in the ranks' own folder
             os.chown(tmp, int(os.environ["GRADING_STUDENT_UID"]), int(os.environ["GRADING_STUDENT_UID"]))
@@ -302,8 +308,11 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
         for r in range(world_size):
             reader, writer = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_rank_main, daemon=True,
-                            args=(r, world_size, os.path.join(tmp, "store"), fn, payloads[r], writer, roots))
+                            args=(r, world_size, os.path.join(tmp, "store"), fn, payloads[r], writer, roots,
+                                  (groups.name(r), groups.kind) if groups else None))
             _start(p)
+            if groups:
+                _enter(groups, r, p)
             writer.close()
             os.set_blocking(reader.fileno(), False)
             procs.append((p, reader))
@@ -322,7 +331,8 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
                     r = fds[fd]
                     chunk = os.read(fd, 1 << 20)
                     buffers[r] += chunk
-                    outside.take_pauses(buffers[r], procs[r][0].pid, readings[r], _frame)
+                    outside.take_pauses(buffers[r], procs[r][0].pid, readings[r], _frame,
+                                        (lambda r=r: groups.read(r)) if groups else None)
                     done = _frame(buffers[r])
                     if done is None and chunk and len(buffers[r]) <= wire.MAX_MESSAGE_BYTES + _FRAME.size:
                         continue
@@ -349,6 +359,8 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
             for p, reader in procs:
                 _kill(p)
                 reader.close()
+            if groups:
+                groups.close()  # every process the ranks left, a double-forked helper too
     if errors and start_up == len(errors):
         raise RankFailure(f"{GRADER_FAILURE}ranks could not start before the submission's code ran: {_reasons(errors)}")
     if errors:
@@ -361,6 +373,16 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
         if isinstance(value, dict):
             value[outside.KEY] = readings[r]  # the grader's, over anything the rank put there
     return [values[r] for r in range(world_size)]
+
+
+def _enter(groups: rank_cgroups.RankCgroups, rank: int, p) -> None:
+    """Move a started rank into its memory cgroup. If that fails the rank, waiting for it, ends
+    with a start-up error (a grader failure, not the submission's); one that is gone already
+    fails on its own."""
+    try:
+        groups.enter(rank, p.pid)
+    except OSError:
+        pass
 
 
 def _frame(buffer: bytearray) -> bytes | None:

@@ -10,6 +10,12 @@ its own before it starts: the same CPU weight as every other submission's (cgrou
 ``MAX_TASKS`` tasks (``pids.max``). At the end every process left in it is killed, whatever its
 session, uid or environment, and the cgroup removed.
 
+Where the memory controller can be had as well, the run's cgroup is also the parent of its
+ranks' memory cgroups (rank_cgroups.py: each rank's memory read from the kernel's charge). On
+cgroup v2 a cgroup that hands a controller to its children may hold no process of its own, so
+there the run's processes go into a child, ``grader``, and the ranks' cgroups are its siblings;
+on v1 the memory hierarchy gets a cgroup for the run beside the cpu and pids ones.
+
 Where no cgroup can be made (a user without delegation, a read-only ``/sys/fs/cgroup``), the run
 gets the resource limits alone (RLIMIT_NPROC for the student uid, RLIMIT_CPU per process) and
 ``describe`` says so: grade one submission at a time there (``--jobs 1``).
@@ -23,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grading import rank_cgroups
+
 CGROUP = Path("/sys/fs/cgroup")
 MAX_TASKS = 4096  # a run of world size 3: pytest, the fork server and three ranks of torch and gloo threads
 V1_SHARES, V2_WEIGHT = 1024, 100  # the defaults: every submission's run weighs the same
@@ -32,25 +40,37 @@ V1_SHARES, V2_WEIGHT = 1024, 100  # the defaults: every submission's run weighs 
 class Share:
     folders: list[Path] = field(default_factory=list)  # the run's cgroup, one per hierarchy that has one
     kind: str = ""  # "cgroup v2", "cgroup v1", or "" (none could be made)
+    memory: Path | None = None  # the parent of the ranks' memory cgroups (one of ``folders``), if any
+    entry: list[Path] = field(default_factory=list)  # where the run's first process goes (v2 with memory: grader/)
 
     def describe(self) -> str:
+        memory = (f"; each rank's memory read from a memory cgroup of its own ({self.kind})" if self.memory else
+                  "; no memory cgroup: each rank's memory read from /proc (the resident memory of its processes)")
         if not self.folders:
-            return "no CPU share of its own (no writable cgroup: grade one submission at a time)"
-        return f"a CPU share and at most {MAX_TASKS} tasks of its own ({self.kind})"
+            return f"no CPU share of its own (no writable cgroup: grade one submission at a time){memory}"
+        return f"a CPU share and at most {MAX_TASKS} tasks of its own ({self.kind}){memory}"
+
+    def env(self) -> dict[str, str]:
+        """What tells the grader's pytest where to make its ranks' memory cgroups (rank_cgroups.ENV)."""
+        if self.memory is None:
+            return {}
+        return {rank_cgroups.ENV: f"{self.kind[-2:]}:{self.memory}"}
 
     def enter(self) -> None:
         """Move this process (a preexec_fn: the run's first process) into the run's cgroups."""
-        for folder in self.folders:
+        for folder in self.entry or self.folders:
             with open(folder / "cgroup.procs", "w") as f:
                 f.write(str(os.getpid()))
 
     def pids(self) -> set[int]:
+        """Every process in the run's cgroups and their children (the grader's, the ranks')."""
         found: set[int] = set()
-        for folder in self.folders:
-            try:
-                found |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
-            except (OSError, ValueError):
-                continue
+        for top in self.folders:
+            for folder in [top, *(p for p in top.rglob("*") if p.is_dir())]:
+                try:
+                    found |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
+                except (OSError, ValueError):
+                    continue
         return found
 
     def kill_all(self, timeout_s: float = 30.0) -> bool:
@@ -74,7 +94,8 @@ class Share:
         return True
 
     def remove(self) -> None:
-        for folder in self.folders:
+        children = [p for top in self.folders for p in top.rglob("*") if p.is_dir()]
+        for folder in [*sorted(children, key=lambda p: -len(p.parts)), *self.folders]:
             for _ in range(50):  # a killed task leaves the cgroup once it is reaped
                 try:
                     folder.rmdir()
@@ -113,15 +134,13 @@ def _v1_mount(controller: str) -> Path | None:
 
 
 def _remove_stale(parent: Path) -> None:
-    """The runs' cgroups that a killed grader left (named ``grading-<its pid>-…``, that pid gone):
-    rmdir removes only an empty one, and no live grader's is touched."""
+    """The runs' cgroups that a killed grader left (named ``grading-<its pid>-…``, that pid gone),
+    with the cgroups inside them (its ranks'), every process still in them killed; no live
+    grader's is touched."""
     for stale in parent.glob("grading-*"):
         parts = stale.name.split("-")
         if len(parts) == 3 and parts[1].isdigit() and not os.path.exists(f"/proc/{parts[1]}"):
-            try:
-                stale.rmdir()
-            except OSError:
-                pass
+            rank_cgroups.remove_tree(stale)
 
 
 def _make(folder: Path, settings: dict[str, str]) -> bool:
@@ -151,7 +170,14 @@ def make(token: str) -> Share:
             enabled = []
         if own is not None and {"cpu", "pids"} <= set(enabled) and \
                 _make(parent / name, {"cpu.weight": str(V2_WEIGHT), "pids.max": str(MAX_TASKS)}):
-            return Share([parent / name], "cgroup v2")
+            run = parent / name
+            if "memory" in enabled and _make(run / "grader", {}):
+                try:
+                    (run / "cgroup.subtree_control").write_text("+memory")
+                    return Share([run], "cgroup v2", memory=run, entry=[run / "grader"])
+                except OSError:
+                    (run / "grader").rmdir()
+            return Share([run], "cgroup v2")
         return Share()
     made = []
     for controller, settings in (("cpu", {"cpu.shares": str(V1_SHARES)}), ("pids", {"pids.max": str(MAX_TASKS)})):
@@ -164,4 +190,7 @@ def make(token: str) -> Share:
     if len(made) < 2:
         Share(made).remove()
         return Share()
+    mount, own = _v1_mount("memory"), _own("memory")
+    if mount is not None and own is not None and _make(mount / own.lstrip("/") / name, {}):
+        return Share([*made, mount / own.lstrip("/") / name], "cgroup v1", memory=mount / own.lstrip("/") / name)
     return Share(made, "cgroup v1")

@@ -112,6 +112,8 @@ def train_sharded_optimizer(ctx: Rank, job: dict) -> dict:
         ctx.pause(outside.BEFORE)
     probes.install_collective_log()
     get = load_adapter("get_sharded_optimizer")
+    if measure:
+        ctx.pause(outside.IMPORTED)
     model = models.build("equal", layers=case["layers"], width=case["width"])
     model.load_state_dict(job["init"])
     cls, kwargs = models.optimizer_class(case["optimizer"])
@@ -146,6 +148,8 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
         ctx.pause(outside.BEFORE)
     get, after = load_adapter("get_fsdp"), load_adapter("fsdp_on_after_backward")
     gather = load_adapter("fsdp_gather_full_params")
+    if measure:
+        ctx.pause(outside.IMPORTED)
     shape = models.LMShape(**case["shape"])
     model = models.student_lm(shape, quick=measure)
     init = job.pop("init", None)
@@ -182,6 +186,48 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
     optimizer.zero_grad(set_to_none=True)
     return {"layout": layout, "params": gathered, "masters": masters, "output": output,
             "hint": hint(fsdp, "fsdp", set()) if measure else []}
+
+
+def calibrate_sharded_optimizer(ctx: Rank, job: dict) -> dict:
+    """The grader's own training at a measured optimizer run's sizes and pauses, no submission code
+    (the same model, weights and data; a plain SGD, which keeps no state): what a rank holds
+    beyond any optimizer state (the model, autograd's and gloo's buffers, pages it touched),
+    read as the measured ranks are, in the same run (memory.py subtracts it)."""
+    case = job["case"]
+    ctx.pause(outside.BEFORE)
+    model = models.build("equal", layers=case["layers"], width=case["width"])
+    model.load_state_dict(job["init"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step, batch in enumerate(job["batches"], 1):
+        optimizer.zero_grad()
+        F.mse_loss(model(batch["x"]), batch["y"]).backward()
+        optimizer.step()
+        drop_gradients(model.parameters())
+        ctx.pause(f"after step {step}")
+    return {}
+
+
+def calibrate_fsdp(ctx: Rank, job: dict) -> dict:
+    """The grader's own plain model at a measured FSDP run's sizes and pauses, no submission code:
+    every weight whole (models.ReferenceLM from the same seed), SGD as the measured run trains;
+    what a rank keeps beyond its weights is what it holds after a step less the full model
+    (memory.py)."""
+    case = job["case"]
+    ctx.pause(outside.BEFORE)
+    shape = models.LMShape(**case["shape"])
+    model = models.ReferenceLM(shape, models.lm_init(shape, torch.Generator().manual_seed(job["init_seed"])),
+                               {name: list(dims) for name, dims in models.lm_layout(shape).items()})
+    optimizer = models.make_optimizer(case["optimizer"], model.parameters())
+    for step, batch in enumerate(job["batches"], 1):
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(batch["ids"]).float().flatten(0, 1), batch["labels"].flatten())
+        ctx.pause(f"between forward and backward of step {step}")
+        loss.backward()
+        del loss
+        optimizer.step()
+        drop_gradients(model.parameters())
+        ctx.pause(f"after step {step}")
+    return {}
 
 
 outside.freeze_in_fork_server()  # the fork server's last preload: see there

@@ -6,7 +6,11 @@ what it read (grading/memory.py).
   read as unread, never as small.
 * Each sharding finding on the readings a correct rank and a weak one give (the megabytes of
   the correct fixture, measured under load: a spread of 0.1 MB): the correct one passes, a
-  weight or a share short fails, and the finding says what a TA needs.
+  weight or a share short fails, and the finding says what a TA needs; judged beyond what the
+  grader's own ranks hold (a calibration whose failure is the grader's) and the submission's
+  import (at most 1 MB of it).
+
+What a rank's memory cgroup counts is tests/test_grading_rank_cgroups.py's.
 """
 
 from __future__ import annotations
@@ -172,3 +176,60 @@ def test_every_rank_starts_alike():
 
     reports = run_ranks(_start_up, 2, [wire.encode({})] * 2, timeout_s=60)
     assert all(r["frozen"] > 10_000 and r[outside.KEY] == [] for r in reports), reports
+
+
+def _measured(imported_mb: float, after_step: list[float], source: str = "cgroup v1") -> dict:
+    """A measured rank's readings (MB above its first pause), its import's pause included."""
+    readings = [{"label": outside.BEFORE, "bytes": 400 * MB, "source": source},
+                {"label": outside.IMPORTED, "bytes": 400 * MB + int(imported_mb * MB), "source": source}]
+    readings += [{"label": f"after step {s}", "bytes": 400 * MB + int(b * MB), "source": source}
+                 for s, b in enumerate(after_step, 1)]
+    return {"outside": readings}
+
+
+def test_state_is_judged_beyond_the_graders_own_ranks_and_the_import():
+    """Measured with a cgroup per rank (this machine, the answers at 2 ranks): the grader's own
+    ranks hold 6.4 MB (the model and 0.4 MB of buffers), the answers' import 1.4 MB, each rank
+    14.1 MB: 6.7 MB of state, under the 9.0 MB bound. The unsharded optimizer is found; so is one
+    that allocated a buffer for its state at import (8 MB there): the import allowance is 1 MB."""
+    calibration = [{"outside": [{"label": outside.BEFORE, "bytes": 300 * MB}] +
+                    [{"label": f"after step {s}", "bytes": 300 * MB + int(6.4 * MB)} for s in (1, 2, 3)]}] * 2
+    correct = [_measured(1.4, [14.06, 14.1, 14.1])] * 2
+    assert state_finding(correct, STATE, MODEL, ZERO, "over", calibration) == ""
+    unsharded = state_finding([_measured(1.4, [20.1, 20.1, 20.1])] * 2, STATE, MODEL, ZERO, "over", calibration)
+    assert unsharded.startswith("rank 0 holds 12.7 MB beyond the 6.4 MB the grader's own training holds there"), unsharded
+    assert "its memory cgroup's charge, cgroup v1" in unsharded
+    at_import = state_finding([_measured(8.0, [20.1, 20.1, 20.1])] * 2, STATE, MODEL, ZERO, "over", calibration)
+    assert at_import.startswith("rank 0 holds 12.7 MB beyond"), at_import
+    unread = state_finding(correct, STATE, MODEL, ZERO, "over", [{"outside": []}] * 2)
+    assert unread.startswith("grader error, not the submission's"), unread
+
+
+def test_fsdp_allowance_is_what_the_graders_plain_model_keeps():
+    """The grader's plain model keeps 1.4 MB beyond its 24 MB of weights (measured, 2 ranks): a
+    correct rank at 15.2 MB (import 1.4) passes, one weight kept whole (3 MB more) fails, and the
+    allowance never drops below TRAINING_KEEPS where the plain model keeps less."""
+    full = sum(WEIGHTS.values())
+    plain = [{"outside": [{"label": outside.BEFORE, "bytes": 300 * MB}] +
+              [{"label": f"after step {s}", "bytes": 300 * MB + full + int(1.4 * MB)} for s in (1, 2)]}] * 2
+    assert weights_finding([_measured(1.4, [15.2, 15.2])] * 2, WEIGHTS, 0, FSDP, plain) == ""
+    found = weights_finding([_measured(1.4, [18.2, 18.2])] * 2, WEIGHTS, 0, FSDP, plain)
+    assert found.startswith("rank 0 holds 17.2 MB between steps") and "+ 1.4 MB the training keeps" in found, found
+    lean = [{"outside": [{"label": outside.BEFORE, "bytes": 300 * MB}] +
+             [{"label": f"after step {s}", "bytes": 300 * MB + full} for s in (1, 2)]}] * 2
+    assert "+ 1.2 MB the training keeps" in weights_finding([_measured(1.4, [18.2, 18.2])] * 2, WEIGHTS, 0, FSDP, lean)
+
+
+def _grader_rank_that_fails(ctx, job) -> dict:
+    raise RuntimeError("out of memory, say")
+
+
+def test_a_calibration_that_fails_is_the_graders_failure():
+    """The grader's own ranks run no submission code: when they fail, the test fails as a grader
+    failure (the grading stops with no grade written), never as the submission's."""
+    from grading import wire
+    from grading.memory import calibrated
+    from grading.selfcheck import GRADER_FAILURE
+
+    with pytest.raises(pytest.fail.Exception, match=f"^{GRADER_FAILURE}the grader's own ranks.*out of memory, say"):
+        calibrated(_grader_rank_that_fails, 2, [wire.encode({})] * 2)

@@ -76,7 +76,7 @@ def test_parameters_are_sharded(ranks, world_size, repetition):
     from outside, on a model whose four weights are of one size, so any one kept whole shows); it
     still trains as single-process training does."""
     run = measured(ranks, world_size, repetition)
-    findings(weights_finding(run.reports, run.weights, run.replicated, PROBLEM), run.mismatch)
+    findings(weights_finding(run.reports, run.weights, run.replicated, PROBLEM, run.calibration), run.mismatch)
 
 
 def test_gathered_weights_are_freed(ranks, repetition):

@@ -60,7 +60,7 @@ def test_state_is_sharded(ranks, world_size, repetition):
     than the optimizer state of 1/world size of the parameters (its memory read from outside), and
     it still trains as the unsharded one."""
     run = measured(ranks, world_size, repetition)
-    findings(state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "over"), run.mismatch)
+    findings(state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "over", run.calibration), run.mismatch)
 
 
 def test_every_rank_keeps_its_share(ranks, repetition):
@@ -69,4 +69,4 @@ def test_every_rank_keeps_its_share(ranks, repetition):
     from outside; a partition written for 2 ranks leaves the third without), and it still trains
     as the unsharded one."""
     run = measured(ranks, 3, repetition)
-    findings(state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "under"), run.mismatch)
+    findings(state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "under", run.calibration), run.mismatch)
