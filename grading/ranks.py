@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
-from grading import outside, wire
+from grading import outside, traffic, wire
 from grading.sandbox import not_dumpable
 from grading.selfcheck import GRADER_FAILURE
 
@@ -70,6 +70,11 @@ class Rank:
     def pause(self, label: str) -> None:
         """Stop until the grader has read this rank's memory from outside (grading/outside.py)."""
         outside.pause(self.report_fd, label)
+
+    def hold(self, label: str) -> None:
+        """Stop until every rank holds at ``label`` and the grader has read the loopback's bytes
+        from outside (grading/traffic.py)."""
+        traffic.hold(self.report_fd, label)
 
 
 def submission_roots() -> list[str]:
@@ -312,6 +317,7 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
         deadline = time.monotonic() + timeout_s
         values: dict[int, Any] = {}
         readings: dict[int, list[dict]] = {r: [] for r in range(world_size)}  # outside.py's, per rank
+        holds = traffic.Holds([p.pid for p, _ in procs])  # traffic.py's, the group's
         errors: list[str] = []
         start_up = 0  # errors raised before the submission's code could run
         try:
@@ -322,7 +328,7 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
                     r = fds[fd]
                     chunk = os.read(fd, 1 << 20)
                     buffers[r] += chunk
-                    outside.take_pauses(buffers[r], procs[r][0].pid, readings[r], _frame)
+                    _take_frames(buffers[r], r, procs[r][0].pid, readings[r], holds)
                     done = _frame(buffers[r])
                     if done is None and chunk and len(buffers[r]) <= wire.MAX_MESSAGE_BYTES + _FRAME.size:
                         continue
@@ -345,6 +351,7 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
                             start_up += isinstance(report, dict) and report.get("start_up") is True
                     if errors:
                         deadline = min(deadline, time.monotonic() + GRACE_AFTER_ERROR_S)
+                holds.expire()
         finally:
             for p, reader in procs:
                 _kill(p)
@@ -360,7 +367,16 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
     for r, value in values.items():
         if isinstance(value, dict):
             value[outside.KEY] = readings[r]  # the grader's, over anything the rank put there
+            value[traffic.KEY] = holds.readings
     return [values[r] for r in range(world_size)]
+
+
+def _take_frames(buffer: bytearray, rank: int, pid: int, readings: list[dict], holds: traffic.Holds) -> None:
+    """Every whole pause (outside.py) and hold (traffic.py) frame at the head of ``buffer``, in
+    the order the rank sent them; the report, if any, stays."""
+    outside.take_pauses(buffer, pid, readings, _frame)
+    while holds.take(buffer, rank, _frame):
+        outside.take_pauses(buffer, pid, readings, _frame)
 
 
 def _frame(buffer: bytearray) -> bytes | None:
