@@ -175,14 +175,17 @@ def ddp_finding(reports: list[dict], calibration: dict[str, float], above: int, 
     once, early_needed = calibration["all_reduce"] * total, calibration["all_reduce"] * above
     for step in range(1, steps):
         early, late = between[3 * step], between[3 * step + 1]
+        # and what crossed before the next step's forward (nothing, for a wrapper whose
+        # synchronisation ends in ddp_on_after_backward): bytes held back past that hold count too
+        late += between[3 * step + 2] if 3 * step + 2 < len(between) else 0
         where = f"step {step + 1}"
         if early < 0.5 * early_needed:
             return (f"{where}: when backward reached the first layer, the ranks had carried {mb(early)} over their "
                     f"loopback, under half of all-reducing the gradients of the layers above it ({mb(early_needed)}): "
                     f"the gradients ready were not sent while backward ran ({HANDOUT_OVERLAP}){missed}")
         if early + late > 1.5 * once:
-            return (f"{where}: the ranks carried {mb(early + late)} over their loopback from forward to the end of "
-                    f"the gradients' synchronisation, where all-reducing every gradient once carries {mb(once)}: what "
+            return (f"{where}: the ranks carried {mb(early + late)} over their loopback from forward to the next "
+                    f"step's forward, where all-reducing every gradient once carries {mb(once)}: what "
                     f"was sent during backward did not average the gradients, they were sent again after "
                     f"({HANDOUT_OVERLAP}){missed}")
     return ""
