@@ -96,6 +96,16 @@ def phases(readings: list[dict], labels: list[str]) -> list[int] | str:
     return [b - a for a, b in zip(counts, counts[1:])]
 
 
+def batches_at_holds(batches: list[dict[str, torch.Tensor]], world_size: int, shard) -> tuple[list, dict]:
+    """A traffic run's data: zeros of each batch's shape in the ranks' job, and each rank's shard
+    (``shard(batch, rank, world_size)``) sent with the release of the step's "before forward" hold,
+    so that no step can start before the grader has read the loopback there (training.released_batch)."""
+    placeholders = [{k: torch.zeros_like(v) for k, v in b.items()} for b in batches]
+    releases = {f"before forward of step {s}": [wire.encode(shard(b, r, world_size)) for r in range(world_size)]
+                for s, b in enumerate(batches, 1)}
+    return placeholders, releases
+
+
 def fsdp_labels(steps: int) -> list[str]:
     """The holds of training.train_fsdp with ``traffic``, in order."""
     return [f"{where} of step {s}" for s in range(1, steps + 1)
@@ -111,8 +121,11 @@ def fsdp_finding(reports: list[dict], calibration: dict[str, float], weights: in
     """Whether every step's forward all-gathered the weights in the compute dtype and its backward
     reduce-scattered the gradients, by the loopback's bytes (``weights``: the Linear and Embedding
     weights' float32 bytes). The first step is not judged: a wrapper may build its state lazily
-    there (a broadcast, a first gather). "" when they did; else the first phase that did not,
-    its bytes, and the limits it was held to."""
+    there (a broadcast, a first gather). A step followed by another is also judged whole, from
+    its "before forward" hold to the next one: the grader sends each step's batch with that
+    hold's release, so no byte of a step can be moved out of it (its forward and backward holds,
+    signalled from the rank, can be moved within it). "" when they did; else the first phase that
+    did not, its bytes, and the limits it was held to."""
     between = phases(reports[0].get("traffic", []), fsdp_labels(steps))
     if isinstance(between, str):
         return f"the loopback's bytes could not be attributed to forward and backward: {between}"
@@ -149,6 +162,19 @@ def fsdp_finding(reports: list[dict], calibration: dict[str, float], weights: in
             return (f"{where}: the backward carried {mb(backward)} over the ranks' loopback, under half of what "
                     f"reduce-scattering the gradients in {dtype} carries ({mb(scatter * d)}): the gradients did not "
                     "leave the rank through the process group")
+        if 3 * step + 2 < len(between):  # the whole step, to the next step's forward
+            whole = forward + backward + between[3 * step + 2]
+            reduction = (scatter + reduce) / 2 if scatter < SCATTER_TELLS * reduce else 1.25 * scatter
+            # two gathers in the compute dtype, the gradients' reduction, the suite's own float32
+            # gather of the full parameters for its comparison (fsdp_gather_full_params)
+            limit = 2 * gather * d + reduction + gather
+            if whole > limit:
+                return (f"{where}: the ranks carried {mb(whole)} over their loopback from this step's forward to the "
+                        f"next one's; all-gathering the weights in {dtype} for forward and backward "
+                        f"({mb(2 * gather * d)}), reducing the gradients ({mb(scatter)}) and gathering the full "
+                        f"parameters in float32 for the grader ({mb(gather)}) carry {mb(2 * gather * d + scatter + gather)}"
+                        f" (limit {mb(limit)}): the weights were gathered in a wider dtype or the gradients sent "
+                        f"more than once ({HANDOUT_CAST}; {HANDOUT_SCATTER})")
     return ""
 
 
@@ -160,6 +186,13 @@ def ddp_labels(steps: int) -> list[str]:
 
 HANDOUT_OVERLAP = ('the handout: "all-reduce parameter gradients as soon as they\'re ready, reducing the overhead of '
                    'data parallel training by overlapping computation of the backward pass with communication of gradients"')
+
+
+# The overlap check's fractions: by the probe, at least EARLY of the later layers' all-reduce (the
+# rank waits there for EARLY_WAIT of it: an honest wrapper always gets there); over the step at most
+# 1.5 all-reduces of every gradient. Bytes sent ahead of the probe to pass the first (EARLY of
+# nearly all the gradients) and the real reduction after (one) come to more than 1.5.
+EARLY, EARLY_WAIT = 0.7, 0.8
 
 
 def ddp_finding(reports: list[dict], calibration: dict[str, float], above: int, total: int, steps: int,
@@ -176,12 +209,14 @@ def ddp_finding(reports: list[dict], calibration: dict[str, float], above: int, 
     for step in range(1, steps):
         early, late = between[3 * step], between[3 * step + 1]
         # and what crossed before the next step's forward (nothing, for a wrapper whose
-        # synchronisation ends in ddp_on_after_backward): bytes held back past that hold count too
+        # synchronisation ends in ddp_on_after_backward): the grader sends each step's batch with
+        # that hold's release, so no byte of the step can be held back past it
         late += between[3 * step + 2] if 3 * step + 2 < len(between) else 0
         where = f"step {step + 1}"
-        if early < 0.5 * early_needed:
+        if early < EARLY * early_needed:
             return (f"{where}: when backward reached the first layer, the ranks had carried {mb(early)} over their "
-                    f"loopback, under half of all-reducing the gradients of the layers above it ({mb(early_needed)}): "
+                    f"loopback, under {EARLY:.0%} of all-reducing the gradients of the layers above it "
+                    f"({mb(early_needed)}): "
                     f"the gradients ready were not sent while backward ran ({HANDOUT_OVERLAP}){missed}")
         if early + late > 1.5 * once:
             return (f"{where}: the ranks carried {mb(early + late)} over their loopback from forward to the next "
@@ -204,8 +239,8 @@ def ddp_overlap_finding(ranks, case, problem: str) -> tuple[str, str]:
     sizes = [p.numel() for p in model.parameters() if p.requires_grad]
     calibration = calibrate(ranks, 2, sizes)
     above, total = models.above_probe_bytes(model), 4 * sum(sizes)
-    # the rank waits at the probe until more than the check's half of it has gone (honest
+    # the rank waits at the probe until more than the check's EARLY of it has gone (honest
     # asynchronous all-reduces get there in milliseconds; a wrong wrapper waits once, 10 s)
-    expected = {"above": int(0.6 * calibration["all_reduce"] * above)}
+    expected = {"above": int(EARLY_WAIT * calibration["all_reduce"] * above)}
     run = checks.run_ddp(ranks, 2, replace(case, model="wide", traffic=expected))
     return ddp_finding(run.reports, calibration, above, total, case.steps, problem), run.mismatch

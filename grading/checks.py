@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from grading import memory, models, probes, training, wire
+from grading import carried, memory, models, probes, training, wire
 from grading.problems import named_for
 
 BATCH = 12  # divisible by world sizes 2 and 3
@@ -231,9 +231,10 @@ def run_ddp(ranks, world_size: int, case: DDPCase) -> Run:
     inits = [random_state(case.model, g, width=models.WIDE["width"] if case.model == "wide" else 32)
              for _ in range(world_size)]
     batches = random_batches(case.steps, g)
+    sent, releases = carried.batches_at_holds(batches, world_size, shard) if case.traffic else (batches, None)
     payloads = [wire.encode({"case": asdict(case), "init": inits[r],
-                             "batches": [shard(b, r, world_size) for b in batches]}) for r in range(world_size)]
-    reports = ranks(training.train_ddp, world_size, payloads)
+                             "batches": [shard(b, r, world_size) for b in sent]}) for r in range(world_size)]
+    reports = ranks(training.train_ddp, world_size, payloads, releases)
     reference = models.build(case.model)
     reference.load_state_dict(inits[0])
     expected = _train(reference, models.make_optimizer(case.optimizer, reference.parameters()), batches, _mse)
@@ -331,8 +332,9 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
     sample = draw_sample({k.split(".")[0]: v.numel() for k, v in init.items() if v.dim() == 2}, g) if case.measure else None
     job = {"case": {"optimizer": case.optimizer, "shape": asdict(case.shape), "compute_dtype": case.compute_dtype,
                     "measure": case.measure, "traffic": case.traffic}, "sample": sample, **({"init_seed": seed} if case.measure else {"init": init})}
-    payloads = [wire.encode({**job, "batches": [shard(b, r, world_size) for b in batches]}) for r in range(world_size)]
-    reports = ranks(training.train_fsdp, world_size, payloads)
+    sent, releases = carried.batches_at_holds(batches, world_size, shard) if case.traffic else (batches, None)
+    payloads = [wire.encode({**job, "batches": [shard(b, r, world_size) for b in sent]}) for r in range(world_size)]
+    reports = ranks(training.train_fsdp, world_size, payloads, releases)
     dtype = getattr(torch, case.compute_dtype) if case.compute_dtype else None
     try:
         reference = models.ReferenceLM(case.shape, init, reports[0]["layout"], dtype)

@@ -66,15 +66,16 @@ class Rank:
     rank: int
     world_size: int
     report_fd: int = -1  # its report pipe: outside.pause writes a pause frame on it
+    release_fd: int = -1  # the grader's pipe to it: what a hold's release carries (traffic.py)
 
     def pause(self, label: str) -> None:
         """Stop until the grader has read this rank's memory from outside (grading/outside.py)."""
         outside.pause(self.report_fd, label)
 
-    def hold(self, label: str) -> None:
+    def hold(self, label: str) -> bytes:
         """Stop until every rank holds at ``label`` and the grader has read the loopback's bytes
-        from outside (grading/traffic.py)."""
-        traffic.hold(self.report_fd, label)
+        from outside (grading/traffic.py); what the grader sent at the release (b"" if nothing)."""
+        return traffic.hold(self.report_fd, self.release_fd, label)
 
 
 def submission_roots() -> list[str]:
@@ -198,7 +199,7 @@ def _send(fd: int, data: bytes) -> None:
 
 
 def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payload: bytes, writer: Any,
-               roots: list[str]) -> None:
+               roots: list[str], release: Any = None) -> None:
     """Entry point of one forked rank: confine, join the group, run ``fn``, report, leave."""
     started = False  # the submission's code can run only from here on (``fn`` imports it)
     try:
@@ -214,7 +215,8 @@ def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payloa
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=TEST_TIMEOUT_S + 30))  # the deadline comes first
         started = True
-        report: dict = {"value": fn(Rank(rank, world_size, writer.fileno()), wire.decode(payload))}
+        ctx = Rank(rank, world_size, writer.fileno(), release.fileno() if release is not None else -1)
+        report: dict = {"value": fn(ctx, wire.decode(payload))}
     except BaseException as exc:  # noqa: BLE001 - anything a student's code raises is a result
         report = {"error": f"rank {rank}: {one_line(exc, roots)}", "start_up": not started}
     try:
@@ -290,8 +292,11 @@ def _exit_line(rank: int, code: int | None) -> str:
     return f"rank {rank} exited (code {code}) before reporting its results"
 
 
-def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: float | None = None) -> list[Any]:
+def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: float | None = None,
+              releases: dict[str, list[bytes]] | None = None) -> list[Any]:
     """Run ``fn(Rank, decode(payloads[rank]))`` on ``world_size`` new ranks; their values, by rank.
+    ``releases``: what the grader sends each rank when the group is let go from a hold of that
+    label (traffic.Holds), so that the phase after it cannot start before the grader's reading.
 
     Raises RankFailure with the failing ranks' one-line reasons (``_reasons``) if any rank raised, died,
     left without a report, sent an unreadable one, or the group was still running after
@@ -303,13 +308,17 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
     with tempfile.TemporaryDirectory(prefix="grading-store-", dir=os.environ.get("GRADING_RANK_TMPDIR")) as tmp:
         if os.environ.get("GRADING_STUDENT_UID"):  # the group's file store, in the ranks' own folder
             os.chown(tmp, int(os.environ["GRADING_STUDENT_UID"]), int(os.environ["GRADING_STUDENT_UID"]))
-        procs, buffers, fds = [], {}, {}
+        procs, buffers, fds, released = [], {}, {}, []
         for r in range(world_size):
             reader, writer = ctx.Pipe(duplex=False)
+            release_reader, release_writer = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_rank_main, daemon=True,
-                            args=(r, world_size, os.path.join(tmp, "store"), fn, payloads[r], writer, roots))
+                            args=(r, world_size, os.path.join(tmp, "store"), fn, payloads[r], writer, roots,
+                                  release_reader))
             _start(p)
             writer.close()
+            release_reader.close()
+            released.append(release_writer)
             os.set_blocking(reader.fileno(), False)
             procs.append((p, reader))
             fds[reader.fileno()] = r
@@ -317,7 +326,7 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
         deadline = time.monotonic() + timeout_s
         values: dict[int, Any] = {}
         readings: dict[int, list[dict]] = {r: [] for r in range(world_size)}  # outside.py's, per rank
-        holds = traffic.Holds([p.pid for p, _ in procs])  # traffic.py's, the group's
+        holds = traffic.Holds([p.pid for p, _ in procs], [w.fileno() for w in released], releases)  # the group's
         errors: list[str] = []
         start_up = 0  # errors raised before the submission's code could run
         try:
@@ -356,6 +365,8 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
             for p, reader in procs:
                 _kill(p)
                 reader.close()
+            for release_writer in released:
+                release_writer.close()
     if errors and start_up == len(errors):
         raise RankFailure(f"{GRADER_FAILURE}ranks could not start before the submission's code ran: {_reasons(errors)}")
     if errors:

@@ -16,12 +16,16 @@ for the whole group:
   nothing it has not sent yet can be sent while it is held;
 * the grader (``Holds``, driven by ranks.run_ranks) keeps each held rank stopped until every rank
   of the group is held at the same label, waits until the kernel shows them all stopped, reads
-  the loopback's bytes, checks that none was woken meanwhile, and lets them all go on.
+  the loopback's bytes, checks that none was woken meanwhile, writes each rank what that hold's
+  release carries on a pipe of its own (the grader's; empty for most holds), and lets them all
+  go on. The rank reads it before it goes on: one woken early by anyone else still waits there.
 
 The labels are the suite's, and a rank's code could send its own frames or skip the suite's: a
-reading is kept only if every rank held there, once, in the order the suite holds; the checks
-that read them compare against what the grader computed itself (its own calibration of gloo's
-collectives, ``collective_loop``, and its own reference values).
+reading is kept only if every rank held there, once, in the order the suite holds. A hold whose
+release carries the next step's batch (checks.py, carried.batches_at_holds) cannot be moved: the
+step cannot start before the grader read the bytes there, and its values are compared with the
+grader's reference. The checks compare the bytes with what the grader measured itself (its own
+calibration of gloo's collectives, carried.collective_loop).
 """
 
 from __future__ import annotations
@@ -58,13 +62,29 @@ def loopback_bytes() -> int | None:
     return None
 
 
-def hold(report_fd: int, label: str) -> None:
-    """Rank side: stop here until every rank holds here and the grader has read the loopback."""
+def hold(report_fd: int, release_fd: int, label: str) -> bytes:
+    """Rank side: stop here until every rank holds here and the grader has read the loopback;
+    what the grader sent with the release (read from its pipe: a rank woken early by anyone else
+    still waits here for the grader)."""
     data = wire.encode({"hold": label})
     view = memoryview(len(data).to_bytes(8, "little") + data)
     while view:
         view = view[os.write(report_fd, view):]
     os.kill(os.getpid(), signal.SIGSTOP)
+    if release_fd < 0:
+        return b""
+    length = int.from_bytes(_read_exactly(release_fd, 8), "little")
+    return _read_exactly(release_fd, length)
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = os.read(fd, n - len(out))
+        if not chunk:
+            raise RuntimeError("the grader closed the hold's release pipe")
+        out += chunk
+    return bytes(out)
 
 
 def _continue(pid: int) -> None:
@@ -74,16 +94,25 @@ def _continue(pid: int) -> None:
         pass
 
 
+MAX_RELEASE = 16 << 10  # a release's data per rank: far under a pipe's buffer, so writing it never blocks
+
+
 class Holds:
     """Grader side: the group's holds, released together once every rank is held at one label.
 
     ``readings`` gets one entry per hold: ``{"label", "bytes"}``, or ``{"label", "error"}`` where
     the hold could not be read as the group's (a rank woken while held, ranks held at different
-    labels, a peer that never came)."""
+    labels, a peer that never came). Every hold frame a rank sent gets one release frame on its
+    pipe (``release_fds``): ``releases[label][rank]`` for a hold read as the group's, else empty."""
 
-    def __init__(self, pids: list[int]):
-        self.pids = pids
+    def __init__(self, pids: list[int], release_fds: list[int], releases: dict[str, list[bytes]] | None = None):
+        self.pids, self.release_fds, self.releases = pids, release_fds, releases or {}
+        if any(len(d) > MAX_RELEASE for data in self.releases.values() for d in data):
+            raise ValueError(f"grader error: a hold's release carries over {MAX_RELEASE} bytes")
+        for fd in release_fds:
+            os.set_blocking(fd, False)
         self.held: dict[int, tuple[str, float]] = {}  # rank -> (label, since)
+        self.pending = [0] * len(pids)  # hold frames read and not yet released, per rank
         self.readings: list[dict] = []
 
     def take(self, buffer: bytearray, rank: int, frame) -> bool:
@@ -100,12 +129,12 @@ class Holds:
             return False
         del buffer[:8 + len(message)]
         label = decoded["hold"][:80]
+        self.pending[rank] += 1
         if len(self.readings) >= MAX_HOLDS or rank in self.held:
             if len(self.readings) < MAX_HOLDS + 1:
                 self.readings.append({"label": label, "error": f"rank {rank} held again before it was let go"
                                       if rank in self.held else "too many holds"})
             self._release()
-            _continue(self.pids[rank])
             return True
         self.held[rank] = (label, time.monotonic())
         labels = {held_label for held_label, _ in self.held.values()}
@@ -113,8 +142,9 @@ class Holds:
             self.readings.append({"label": label, "error": f"ranks held at different points: {sorted(labels)}"})
             self._release()
         elif len(self.held) == len(self.pids):
-            self.readings.append(self._read(label))
-            self._release()
+            reading = self._read(label)
+            self.readings.append(reading)
+            self._release(label if "bytes" in reading else None)
         return True
 
     def expire(self) -> None:
@@ -139,7 +169,18 @@ class Holds:
             return {"label": label, "error": "the grader cannot read lo's bytes in /proc/net/dev"}
         return {"label": label, "bytes": carried, "at": round(time.monotonic(), 3)}
 
-    def _release(self) -> None:
-        for rank in self.held:
-            _continue(self.pids[rank])
+    def _release(self, label: str | None = None) -> None:
+        """Every rank with a hold frame not yet answered gets its release frame(s), then SIGCONT;
+        the data of ``label`` only where the group's hold there was read."""
+        data = self.releases.get(label) if label is not None else None
+        for rank, count in enumerate(self.pending):
+            for _ in range(count):
+                payload = data[rank] if data is not None else b""
+                try:
+                    os.write(self.release_fds[rank], len(payload).to_bytes(8, "little") + payload)
+                except OSError:  # a rank gone, or one that never read its releases: it waits no more
+                    pass
+            self.pending[rank] = 0
+            if count:
+                _continue(self.pids[rank])
         self.held.clear()

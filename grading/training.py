@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grading import models, outside, probes, traffic
+from grading import models, outside, probes, traffic, wire
 from grading.ranks import Rank
 from grading.submission import load_adapter
 
@@ -93,7 +93,7 @@ def train_ddp(ctx: Rank, job: dict) -> dict:
             start(ddp, optimizer)
         optimizer.zero_grad()
         if gate is not None:
-            gate.before_forward(step)
+            batch = gate.before_forward(step) or batch
         mark = len(probes.LOG.calls)
         loss = F.mse_loss(ddp(batch["x"]), batch["y"])
         with probes.backward_running():
@@ -105,6 +105,17 @@ def train_ddp(ctx: Rank, job: dict) -> dict:
         reductions.append([[c.nbytes, c.during_backward, c.overlapping] for c in probes.LOG.reductions(mark)])
         params.append(snapshot(parameters_of(model, ddp)))
     return {"params": params, "reductions": reductions}
+
+
+def released_batch(sent: bytes) -> dict | None:
+    """A batch the grader sent with a hold's release (traffic.py), or None where it sent none: a
+    step whose data arrive only then cannot start before the grader has read the loopback."""
+    if not sent:
+        return None
+    batch = wire.decode(sent)
+    if not isinstance(batch, dict):
+        raise RuntimeError("the grader's release carried no batch")
+    return batch
 
 
 class _Gate:
@@ -121,10 +132,12 @@ class _Gate:
         self.ctx, self.above, self.step, self.start, self.waited = ctx, expected["above"], 0, 0, False
         probes.LOG.at_probe = self.at_probe
 
-    def before_forward(self, step: int) -> None:
+    def before_forward(self, step: int) -> dict | None:
+        """The step's batch, which the grader sends when it lets the group go (None: the job's)."""
         self.step = step
-        self.ctx.hold(f"before forward of step {step}")
+        sent = self.ctx.hold(f"before forward of step {step}")
         self.start = traffic.loopback_bytes() or 0
+        return released_batch(sent)
 
     def at_probe(self) -> None:
         deadline = time.monotonic() + (0 if self.waited else self.WAIT_S)
@@ -196,7 +209,7 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
     for step, batch in enumerate(job["batches"], 1):
         optimizer.zero_grad(set_to_none=True)
         if carried:
-            ctx.hold(f"before forward of step {step}")
+            batch = released_batch(ctx.hold(f"before forward of step {step}")) or batch
         logits = fsdp(batch["ids"])
         output = output or str(logits.dtype)
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten())

@@ -56,12 +56,12 @@ def ranks(request: pytest.FixtureRequest):
     grader encoded for each rank; a failure fails the test in one line."""
     problem = request.node.get_closest_marker("problem").args[0]
 
-    def run(fn, world_size: int, payloads: list[bytes]):
+    def run(fn, world_size: int, payloads: list[bytes], releases: dict[str, list[bytes]] | None = None):
         if (problem, world_size) in _hung:
             pytest.fail(f"not run: {_hung[problem, world_size]} timed out at world size {world_size}, and a hang "
                         "stops its problem's tests at that world size", pytrace=False)
         try:
-            return run_ranks(fn, world_size, payloads)
+            return run_ranks(fn, world_size, payloads, releases=releases)
         except RankFailure as failure:
             if failure.timed_out:
                 _hung.setdefault((problem, world_size), request.node.originalname)
