@@ -138,7 +138,9 @@ class Holds:
             return True
         self.held[rank] = (label, time.monotonic())
         labels = {held_label for held_label, _ in self.held.values()}
-        if len(labels) > 1:
+        if any("error" in r for r in self.readings):  # the run's traffic is unattributable already: no more waits
+            self._release()
+        elif len(labels) > 1:
             self.readings.append({"label": label, "error": f"ranks held at different points: {sorted(labels)}"})
             self._release()
         elif len(self.held) == len(self.pids):

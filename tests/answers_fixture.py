@@ -156,6 +156,12 @@ ANSWER_MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     # the suite's holds patched away in the rank (it runs beside the suite's code): no phase can be attributed
     "skips_holds": [(FSDP_FILE, "\nclass _Layer:", "\nimport grading.traffic\n\ngrading.traffic.hold = lambda *args: b\"\"\n\n\n"
                                                   "class _Layer:")],
+    # a child process that wakes its rank (SIGCONT) every millisecond (a stopped rank's own threads
+    # cannot): no hold can be read as the group's
+    "wakes_itself": [(FSDP_FILE, "\nclass _Layer:",
+                      "\nimport os, signal, time\n\n_RANK = os.getpid()\nif os.fork() == 0:\n    while True:\n"
+                      "        time.sleep(0.001)\n        try:\n            os.kill(_RANK, signal.SIGCONT)\n"
+                      "        except ProcessLookupError:\n            os._exit(0)\n\n\nclass _Layer:")],
     # equivalent: no prefetch, each layer gathered when its forward starts
     "no_prefetch": [(FSDP_FILE, "        if following is not None and following.prefetched is None:\n",
                      "        if False:\n")],

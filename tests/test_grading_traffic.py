@@ -57,6 +57,8 @@ def test_equivalent_fsdp_keeps_every_point(tmp_path):
      'the weights were all-gathered in float32, not cast to bfloat16 before (the handout: "When compute_dtype'),
     ("skips_holds", [f"{TEST}[2-bfloat16]", f"{TEST}[2]", f"{TEST}[3]"],
      "the loopback's bytes could not be attributed to forward and backward: the ranks held at []"),
+    ("wakes_itself", [f"{TEST}[2-bfloat16]", f"{TEST}[2]", f"{TEST}[3]"],
+     "the loopback's bytes could not be attributed to forward and backward: hold 'before forward of step 1': a rank"),
     # gloo's reduce-scatter carries what its all-reduce carries (grading/carried.py: SCATTER_TELLS):
     # the bytes cannot tell them apart, and this mutant keeps its points. Should gloo change, this fails.
     ("all_reduces_gradients", [], ""),
