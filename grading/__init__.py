@@ -17,6 +17,8 @@ It never imports this repository's ``cs336_systems``: a submission brings its ow
 * outside.py     a rank's memory, read by the grader while the rank is stopped at a pause
 * rank_cgroups.py a memory cgroup per rank: the kernel's charge for all it and its processes hold
 * memory.py      sharding judged from those readings: optimizer state per rank, FSDP weight by weight, freed after use
+* traffic.py     the bytes the ranks carried, read by the grader from the run's own loopback while all ranks are held
+* carried.py     FSDP's and DDP's traffic judged from those readings, against gloo's own collectives (calibrated)
 * suite/         the hidden-style tests, one file per problem, each naming the handout's requirement
 * plugin.py      pytest plugin: repeats, each outcome to the harness over a pipe
 * report.py      scoring by the rubric (also make test's), results.json (Gradescope's schema), grade.md, grades.csv

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from grading import memory, models, probes, training, wire
+from grading import carried, memory, models, probes, training, wire
 from grading.problems import named_for
 
 BATCH = 12  # divisible by world sizes 2 and 3
@@ -41,6 +41,7 @@ class DDPCase:
     model: str = "net"  # "net", "tied", "unused" or "equal"
     optimizer: str = "sgd"  # or "adamw"
     steps: int = 3
+    traffic: dict | None = None  # the loopback's bytes read at holds (carried.py): the calibration's expectations
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class FSDPCase:
     shape: models.LMShape = field(default_factory=lambda: models.LMShape(vocab=36, d_model=24, d_ff=48))
     compute_dtype: str | None = None  # "float16" or "bfloat16"
     measure: bool = False  # the ranks' memory read from outside (grading/memory.py), on models.MEASURED_LM
+    traffic: bool = False  # the loopback's bytes read at holds (grading/traffic.py), on models.TRAFFIC_LM
 
 
 @dataclass
@@ -227,11 +229,13 @@ DDP_DISAGREE = ("rank 0's weights were not broadcast at construction", "gradient
 def run_ddp(ranks, world_size: int, case: DDPCase) -> Run:
     """Train ``case`` through the DDP adapters on ``world_size`` ranks; reports and finding."""
     g = generator()
-    inits = [random_state(case.model, g) for _ in range(world_size)]
+    inits = [random_state(case.model, g, width=models.WIDE["width"] if case.model == "wide" else 32)
+             for _ in range(world_size)]
     batches = random_batches(case.steps, g)
+    sent, releases = carried.batches_at_holds(batches, world_size, shard) if case.traffic else (batches, None)
     payloads = [wire.encode({"case": asdict(case), "init": inits[r],
-                             "batches": [shard(b, r, world_size) for b in batches]}) for r in range(world_size)]
-    reports = ranks(training.train_ddp, world_size, payloads)
+                             "batches": [shard(b, r, world_size) for b in sent]}) for r in range(world_size)]
+    reports = ranks(training.train_ddp, world_size, payloads, releases)
     reference = models.build(case.model)
     reference.load_state_dict(inits[0])
     expected = _train(reference, models.make_optimizer(case.optimizer, reference.parameters()), batches, _mse)
@@ -319,6 +323,8 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
     g = generator()
     if case.measure:
         case = replace(case, shape=models.MEASURED_LM)
+    if case.traffic:
+        case = replace(case, shape=models.TRAFFIC_LM)
     vocab = case.shape.vocab
     batches = [{"ids": torch.randint(0, vocab, (BATCH, 6), generator=g),
                 "labels": torch.randint(0, vocab, (BATCH, 6), generator=g)} for _ in range(case.steps)]
@@ -329,10 +335,11 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
     init = models.lm_init(case.shape, torch.Generator().manual_seed(seed) if case.measure else g)
     sample = draw_sample({k.split(".")[0]: v.numel() for k, v in init.items() if v.dim() == 2}, g) if case.measure else None
     job = {"case": {"optimizer": case.optimizer, "shape": asdict(case.shape), "compute_dtype": case.compute_dtype,
-                    "measure": case.measure}, "sample": sample, **({"init_seed": seed} if case.measure else {"init": init})}
-    payloads = [wire.encode({**job, "batches": [shard(b, r, world_size) for b in batches]}) for r in range(world_size)]
+                    "measure": case.measure, "traffic": case.traffic}, "sample": sample, **({"init_seed": seed} if case.measure else {"init": init})}
+    sent, releases = carried.batches_at_holds(batches, world_size, shard) if case.traffic else (batches, None)
+    payloads = [wire.encode({**job, "batches": [shard(b, r, world_size) for b in sent]}) for r in range(world_size)]
     calibration = memory.calibrated(training.calibrate_fsdp, world_size, payloads) if case.measure else []
-    reports = ranks(training.train_fsdp, world_size, payloads)
+    reports = ranks(training.train_fsdp, world_size, payloads, releases)
     dtype = getattr(torch, case.compute_dtype) if case.compute_dtype else None
     try:
         reference = models.ReferenceLM(case.shape, init, reports[0]["layout"], dtype)

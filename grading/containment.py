@@ -117,6 +117,9 @@ class Containment:
             parts.append(f"ranks as uid {self.student.uid} (owns only the scratch copy)")
         if self.namespaces:
             parts.append("private network, mount and PID namespaces, read-only file systems, a private /dev")
+            parts.append("the bytes the ranks carry read by the grader from their own loopback (FSDP's phases, overlap)")
+        else:
+            parts.append("no loopback of their own: the bytes the ranks carry are not read")
         return ", ".join(parts)
 
     def command(self, argv: list[str]) -> list[str]:

@@ -32,6 +32,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "problem(name): the handout problem a test grades")
     config.addinivalue_line("markers", "beyond_handout: a check beyond the handout, reported for 0 points")
+    config.addinivalue_line("markers", "loopback: reads the ranks' traffic: run only in the run's own network namespace")
     config.pluginmanager.register(_Recorder(config.getoption("--grading-fd")), "grading-recorder")
 
 

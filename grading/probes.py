@@ -55,6 +55,7 @@ class CollectiveLog:
     in_backward: bool = False  # from loss.backward() until the probe's backward
     backward_running: bool = False  # from loss.backward() until it returns
     paused: bool = False  # the suite's own collectives are not the submission's
+    at_probe: object = None  # called (no arguments) when backward reaches the probe: the traffic run's hold
 
     def reductions(self, since: int = 0) -> list[Call]:
         return [c for c in self.calls[since:] if c.reduction]
@@ -127,6 +128,8 @@ class _Probe(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         LOG.in_backward = False  # every layer above the probe is done; the ones below remain
+        if LOG.at_probe is not None:
+            LOG.at_probe()
         return grad
 
 

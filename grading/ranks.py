@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
-from grading import outside, rank_cgroups, wire
+from grading import outside, rank_cgroups, traffic, wire
 from grading.sandbox import not_dumpable
 from grading.selfcheck import GRADER_FAILURE
 
@@ -68,10 +68,16 @@ class Rank:
     rank: int
     world_size: int
     report_fd: int = -1  # its report pipe: outside.pause writes a pause frame on it
+    release_fd: int = -1  # the grader's pipe to it: what a hold's release carries (traffic.py)
 
     def pause(self, label: str) -> None:
         """Stop until the grader has read this rank's memory from outside (grading/outside.py)."""
         outside.pause(self.report_fd, label)
+
+    def hold(self, label: str) -> bytes:
+        """Stop until every rank holds at ``label`` and the grader has read the loopback's bytes
+        from outside (grading/traffic.py); what the grader sent at the release (b"" if nothing)."""
+        return traffic.hold(self.report_fd, self.release_fd, label)
 
 
 def submission_roots() -> list[str]:
@@ -195,9 +201,10 @@ def _send(fd: int, data: bytes) -> None:
 
 
 def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payload: bytes, writer: Any,
-               roots: list[str], cgroup: tuple[str, str] | None = None) -> None:
+               roots: list[str], cgroup: tuple[str, str] | None = None, release: Any = None) -> None:
     """Entry point of one forked rank: confine, wait to be in its memory cgroup (``cgroup``: its
-    name and kind, rank_cgroups.py), join the group, run ``fn``, report, leave."""
+    name and kind, rank_cgroups.py), join the group, run ``fn``, report, leave (``release``: the
+    grader's pipe that lets it go on from a hold, traffic.py)."""
     started = False  # the submission's code can run only from here on (``fn`` imports it)
     try:
         confine()
@@ -214,7 +221,8 @@ def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payloa
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=TEST_TIMEOUT_S + 30))  # the deadline comes first
         started = True
-        report: dict = {"value": fn(Rank(rank, world_size, writer.fileno()), wire.decode(payload))}
+        ctx = Rank(rank, world_size, writer.fileno(), release.fileno() if release is not None else -1)
+        report: dict = {"value": fn(ctx, wire.decode(payload))}
     except BaseException as exc:  # noqa: BLE001 - anything a student's code raises is a result
         report = {"error": f"rank {rank}: {one_line(exc, roots)}", "start_up": not started}
     try:
@@ -290,8 +298,11 @@ def _exit_line(rank: int, code: int | None) -> str:
     return f"rank {rank} exited (code {code}) before reporting its results"
 
 
-def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: float | None = None) -> list[Any]:
+def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: float | None = None,
+              releases: dict[str, list[bytes]] | None = None) -> list[Any]:
     """Run ``fn(Rank, decode(payloads[rank]))`` on ``world_size`` new ranks; their values, by rank.
+    ``releases``: what the grader sends each rank when the group is let go from a hold of that
+    label (traffic.Holds), so that the phase after it cannot start before the grader's reading.
 
     Raises RankFailure with the failing ranks' one-line reasons (``_reasons``) if any rank raised, died,
     left without a report, sent an unreadable one, or the group was still running after
@@ -304,16 +315,19 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
     with tempfile.TemporaryDirectory(prefix="grading-store-", dir=os.environ.get("GRADING_RANK_TMPDIR")) as tmp:
         if os.environ.get("GRADING_STUDENT_UID"):  # the group's file store, in the ranks' own folder
             os.chown(tmp, int(os.environ["GRADING_STUDENT_UID"]), int(os.environ["GRADING_STUDENT_UID"]))
-        procs, buffers, fds = [], {}, {}
+        procs, buffers, fds, released = [], {}, {}, []
         for r in range(world_size):
             reader, writer = ctx.Pipe(duplex=False)
+            release_reader, release_writer = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_rank_main, daemon=True,
                             args=(r, world_size, os.path.join(tmp, "store"), fn, payloads[r], writer, roots,
-                                  (groups.name(r), groups.kind) if groups else None))
+                                  (groups.name(r), groups.kind) if groups else None, release_reader))
             _start(p)
             if groups:
                 _enter(groups, r, p)
             writer.close()
+            release_reader.close()
+            released.append(release_writer)
             os.set_blocking(reader.fileno(), False)
             procs.append((p, reader))
             fds[reader.fileno()] = r
@@ -321,6 +335,7 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
         deadline = time.monotonic() + timeout_s
         values: dict[int, Any] = {}
         readings: dict[int, list[dict]] = {r: [] for r in range(world_size)}  # outside.py's, per rank
+        holds = traffic.Holds([p.pid for p, _ in procs], [w.fileno() for w in released], releases)  # the group's
         errors: list[str] = []
         start_up = 0  # errors raised before the submission's code could run
         try:
@@ -331,8 +346,8 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
                     r = fds[fd]
                     chunk = os.read(fd, 1 << 20)
                     buffers[r] += chunk
-                    outside.take_pauses(buffers[r], procs[r][0].pid, readings[r], _frame,
-                                        (lambda r=r: groups.read(r)) if groups else None)
+                    _take_frames(buffers[r], r, procs[r][0].pid, readings[r], holds,
+                                 (lambda r=r: groups.read(r)) if groups else None)
                     done = _frame(buffers[r])
                     if done is None and chunk and len(buffers[r]) <= wire.MAX_MESSAGE_BYTES + _FRAME.size:
                         continue
@@ -355,12 +370,15 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
                             start_up += isinstance(report, dict) and report.get("start_up") is True
                     if errors:
                         deadline = min(deadline, time.monotonic() + GRACE_AFTER_ERROR_S)
+                holds.expire()
         finally:
             for p, reader in procs:
                 _kill(p)
                 reader.close()
             if groups:
                 groups.close()  # every process the ranks left, a double-forked helper too
+            for release_writer in released:
+                release_writer.close()
     if errors and start_up == len(errors):
         raise RankFailure(f"{GRADER_FAILURE}ranks could not start before the submission's code ran: {_reasons(errors)}")
     if errors:
@@ -372,6 +390,7 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
     for r, value in values.items():
         if isinstance(value, dict):
             value[outside.KEY] = readings[r]  # the grader's, over anything the rank put there
+            value[traffic.KEY] = holds.readings
     return [values[r] for r in range(world_size)]
 
 
@@ -383,6 +402,16 @@ def _enter(groups: rank_cgroups.RankCgroups, rank: int, p) -> None:
         groups.enter(rank, p.pid)
     except OSError:
         pass
+
+
+def _take_frames(buffer: bytearray, rank: int, pid: int, readings: list[dict], holds: traffic.Holds,
+                 read: Callable | None = None) -> None:
+    """Every whole pause (outside.py; ``read``: the rank's memory cgroup reading, if any) and hold
+    (traffic.py) frame at the head of ``buffer``, in the order the rank sent them; the report, if
+    any, stays."""
+    outside.take_pauses(buffer, pid, readings, _frame, read)
+    while holds.take(buffer, rank, _frame):
+        outside.take_pauses(buffer, pid, readings, _frame, read)
 
 
 def _frame(buffer: bytearray) -> bytes | None:

@@ -10,11 +10,13 @@ reaches the comparison. These functions run in a rank (ranks.py), beside the sub
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grading import models, outside, probes
+from grading import models, outside, probes, traffic, wire
 from grading.ranks import Rank
 from grading.submission import load_adapter
 
@@ -85,19 +87,64 @@ def train_ddp(ctx: Rank, job: dict) -> dict:
     params = [snapshot(parameters_of(model, ddp))]
     optimizer = models.make_optimizer(case["optimizer"], ddp.parameters())
     reductions = []
-    for batch in job["batches"]:
+    gate = _Gate(ctx, case["traffic"]) if case.get("traffic") else None
+    for step, batch in enumerate(job["batches"], 1):
         if start is not None:
             start(ddp, optimizer)
         optimizer.zero_grad()
+        if gate is not None:
+            batch = gate.before_forward(step) or batch
         mark = len(probes.LOG.calls)
         loss = F.mse_loss(ddp(batch["x"]), batch["y"])
         with probes.backward_running():
             loss.backward()
         after(ddp, optimizer)
+        if gate is not None:
+            ctx.hold(f"after backward of step {step}")
         optimizer.step()
         reductions.append([[c.nbytes, c.during_backward, c.overlapping] for c in probes.LOG.reductions(mark)])
         params.append(snapshot(parameters_of(model, ddp)))
     return {"params": params, "reductions": reductions}
+
+
+def released_batch(sent: bytes) -> dict | None:
+    """A batch the grader sent with a hold's release (traffic.py), or None where it sent none: a
+    step whose data arrive only then cannot start before the grader has read the loopback."""
+    if not sent:
+        return None
+    batch = wire.decode(sent)
+    if not isinstance(batch, dict):
+        raise RuntimeError("the grader's release carried no batch")
+    return batch
+
+
+class _Gate:
+    """The overlap test's holds (grading/traffic.py): before forward, when backward reaches the
+    probe (the first layer's backward still to run), and after the backward's synchronisation.
+    At the probe the rank first waits, at most ``WAIT_S``, until the loopback has carried what
+    the grader expects of the layers above it (``expected["above"]`` bytes, from its calibration):
+    asynchronous all-reduces run on gloo's thread, and get the time they need. The wait only
+    decides when to hold; the grader judges the bytes it reads itself, with every rank stopped."""
+
+    WAIT_S = 10.0
+
+    def __init__(self, ctx: Rank, expected: dict):
+        self.ctx, self.above, self.step, self.start, self.waited = ctx, expected["above"], 0, 0, False
+        probes.LOG.at_probe = self.at_probe
+
+    def before_forward(self, step: int) -> dict | None:
+        """The step's batch, which the grader sends when it lets the group go (None: the job's)."""
+        self.step = step
+        sent = self.ctx.hold(f"before forward of step {step}")
+        self.start = traffic.loopback_bytes() or 0
+        return released_batch(sent)
+
+    def at_probe(self) -> None:
+        deadline = time.monotonic() + (0 if self.waited else self.WAIT_S)
+        while (traffic.loopback_bytes() or 0) - self.start < self.above and time.monotonic() < deadline:
+            time.sleep(0.002)
+        self.waited = self.waited or time.monotonic() >= deadline  # once: a wrong solution costs one wait
+        self.ctx.hold(f"backward reached the first layer of step {self.step}")
 
 
 def train_sharded_optimizer(ctx: Rank, job: dict) -> dict:
@@ -141,9 +188,11 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
     rank's shards with ``compute_dtype`` as the case says. With ``measure``, the rank pauses for
     the grader to read its memory from outside (grading/outside.py): before any of the
     submission's code runs, between forward and backward, and after every step with no gradient
-    left (before the full parameters are gathered for the grader)."""
+    left (before the full parameters are gathered for the grader). With ``traffic``, every rank
+    holds for the grader to read the loopback's bytes (grading/traffic.py) before forward,
+    between forward and backward, and after ``fsdp_on_after_backward`` of every step."""
     case, sample = job["case"], job.get("sample")
-    measure = case.get("measure", False)
+    measure, carried = case.get("measure", False), case.get("traffic", False)
     if measure:
         ctx.pause(outside.BEFORE)
     get, after = load_adapter("get_fsdp"), load_adapter("fsdp_on_after_backward")
@@ -163,14 +212,20 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
     gathered, masters, output = [], {}, ""
     for step, batch in enumerate(job["batches"], 1):
         optimizer.zero_grad(set_to_none=True)
+        if carried:
+            batch = released_batch(ctx.hold(f"before forward of step {step}")) or batch
         logits = fsdp(batch["ids"])
         output = output or str(logits.dtype)
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten())
         if measure:
             ctx.pause(f"between forward and backward of step {step}")
+        if carried:
+            ctx.hold(f"between forward and backward of step {step}")
         loss.backward()
         del loss, logits
         after(fsdp, optimizer)
+        if carried:
+            ctx.hold(f"after backward of step {step}")
         masters = masters or {n: [str(p.dtype), str(p.grad.dtype) if p.grad is not None else ""]
                               for n, p in fsdp.named_parameters()}
         optimizer.step()

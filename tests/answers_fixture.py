@@ -30,7 +30,11 @@ expectations that changed with the switch):
   grader's search for an adapters file finds it;
 * the answers free the gathered weights after forward and gather them again in backward, so they
   pass test_gathered_weights_are_freed, now graded; "keeps_gathered" is the mutant that fails it
-  (the old fixture's way), and "padded_shards" an equivalent variant that must lose nothing.
+  (the old fixture's way), and "padded_shards" an equivalent variant that must lose nothing;
+* the bytes carried, read from outside the ranks (tests/test_grading_traffic.py):
+  "all_reduces_gradients" and "casts_after_gather" carry twice what the answers' FSDP carries in
+  backward or forward, "no_prefetch" is an equivalent variant; "zeros_during_backward" (and
+  "_bucketed") is issue 38's overlap forgery, which the probe inside the rank does not see.
 """
 
 from __future__ import annotations
@@ -139,6 +143,51 @@ ANSWER_MUTANTS: dict[str, list[tuple[str, str, str]]] = {
     # saved-tensor hooks), so backward does not gather them again
     "keeps_gathered": [(FSDP_FILE, "torch.autograd.graph.saved_tensors_hooks(self._pack_for(layer), self._unpack_for(layer))",
                         "torch.autograd.graph.saved_tensors_hooks(lambda saved: saved, lambda saved: saved)")],
+    # the full gradient all-reduced on every rank, each keeping its own rows: right values, twice the bytes
+    "all_reduces_gradients": [(FSDP_FILE, "        out = torch.empty_like(self.shard)\n"
+                                          "        self.fsdp.pending.append((self, out, dist.reduce_scatter_tensor(out, grad, async_op=True)))\n",
+                               "        out = grad.chunk(self.fsdp.world_size)[self.fsdp.rank]  # filled by the all-reduce\n"
+                               "        self.fsdp.pending.append((self, out, dist.all_reduce(grad, async_op=True)))\n")],
+    # the float32 shard all-gathered, the full weight cast to the compute dtype after: right values, twice the bytes
+    "casts_after_gather": [(FSDP_FILE, "shard = self.shard.detach().to(self.fsdp.compute_dtype or self.shard.dtype)",
+                            "shard = self.shard.detach()"),
+                           (FSDP_FILE, "        work.wait()\n        return full\n",
+                            "        work.wait()\n        return full.to(self.fsdp.compute_dtype or full.dtype)\n")],
+    # the suite's holds patched away in the rank (it runs beside the suite's code): no phase can be attributed
+    "skips_holds": [(FSDP_FILE, "\nclass _Layer:", "\nimport grading.traffic\n\ngrading.traffic.hold = lambda *args: b\"\"\n\n\n"
+                                                  "class _Layer:")],
+    # a child process that wakes its rank (SIGCONT) every millisecond (a stopped rank's own threads
+    # cannot): no hold can be read as the group's
+    "wakes_itself": [(FSDP_FILE, "\nclass _Layer:",
+                      "\nimport os, signal, time\n\n_RANK = os.getpid()\nif os.fork() == 0:\n    while True:\n"
+                      "        time.sleep(0.001)\n        try:\n            os.kill(_RANK, signal.SIGCONT)\n"
+                      "        except ProcessLookupError:\n            os._exit(0)\n\n\nclass _Layer:")],
+    # equivalent: no prefetch, each layer gathered when its forward starts
+    "no_prefetch": [(FSDP_FILE, "        if following is not None and following.prefetched is None:\n",
+                     "        if False:\n")],
+    # the forgery of issue 38: an asynchronous all-reduce of zeros as large as each gradient during
+    # backward (the probe inside the rank sees the right sizes, pending), the real average one
+    # blocking flat all-reduce after backward
+    "zeros_during_backward": [
+        (PER_PARAMETER_FILE, "        self.handles.append(dist.all_reduce(param.grad, async_op=True))\n",
+         "        self.handles.append(dist.all_reduce(torch.zeros_like(param.grad), async_op=True))\n"),
+        (PER_PARAMETER_FILE, "        self.handles.clear()\n",
+         "        self.handles.clear()\n"
+         "        grads = [p.grad for p in self.module.parameters() if p.grad is not None]\n"
+         "        flat = torch._utils._flatten_dense_tensors(grads)\n"
+         "        dist.all_reduce(flat)  # the real average: one blocking all-reduce after backward\n"
+         "        for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):\n"
+         "            grad.copy_(synced)\n")],
+    "zeros_during_backward_bucketed": [
+        (BUCKETED_FILE, "            self.in_flight[i] = (flat, dist.all_reduce(flat, async_op=True))\n",
+         "            self.in_flight[i] = (flat, dist.all_reduce(torch.zeros_like(flat), async_op=True))\n"),
+        (BUCKETED_FILE, "        for bucket, (flat, _) in zip(self.buckets, self.in_flight):\n",
+         "        flats = [flat for flat, _ in self.in_flight]\n"
+         "        every = _flatten_dense_tensors(flats)\n"
+         "        dist.all_reduce(every)  # the real average: one blocking all-reduce after backward\n"
+         "        for flat, synced in zip(flats, _unflatten_dense_tensors(every, flats)):\n"
+         "            flat.copy_(synced)\n"
+         "        for bucket, (flat, _) in zip(self.buckets, self.in_flight):\n")],
     "reseeds": [(PER_PARAMETER_FILE,
                  "        for tensor in module.state_dict().values():\n            dist.broadcast(tensor, src=0)\n",
                  "        torch.manual_seed(0)  # the same weights everywhere, without communicating\n"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from grading.harness import grade
+from grading.harness import grade, namespaces_available
 from grading.problems import POINTS, RUBRIC, named_for
 from grading.report import grade_markdown, grade_tests, problem_grades
 from tests.answers_fixture import ANSWER_EDITS, apply_edits
@@ -97,10 +97,14 @@ def test_cap_follows_the_point_test_whatever_its_reason(tmp_path):
 def test_one_bug_per_problem_loses_exactly_its_share(tmp_path):
     """A blocking all-reduce in each hook (capped: 5/3 of 5); group options dropped and
     add_param_group assigned at construction only (the groups tests and the add_param_group
-    tests, 2 + 2 of 15); compute_dtype ignored (the two compute-dtype tests, 1.75 of 15)."""
+    tests, 2 + 2 of 15); compute_dtype ignored (the two compute-dtype tests, and in namespace mode the
+    traffic test's bfloat16 run: the weights are gathered in float32)."""
     tree = edited(tmp_path, "blocking_hook", "wrong_group_options", "no_add_param_group", "ignores_compute_dtype")
     graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, select=GRADED_ONLY)
-    assert [points(graded, p) for p in (PER_PARAMETER, ZERO, FSDP)] == [round(5 / 3, 4), 11.0, 13.25], \
+    # in namespace mode the traffic test's bfloat16 run fails too: the weights gathered in float32
+    traffic = ["test_gradients_are_reduce_scattered[2-bfloat16]"] if namespaces_available() else []
+    lost_fsdp = sum(t.max_score for t in graded.tests if t.problem == FSDP and not t.passed and not t.beyond)
+    assert [points(graded, p) for p in (PER_PARAMETER, ZERO, FSDP)] == [round(5 / 3, 4), 11.0, round(15 - lost_fsdp, 4)], \
         unpassed(graded)
     assert failed(graded, PER_PARAMETER) == ["test_communicates_during_backward[get_ddp]"]
     assert "blocked it (async_op=False, or waited on before backward returned" in failures(graded, PER_PARAMETER)[0]
@@ -108,9 +112,9 @@ def test_one_bug_per_problem_loses_exactly_its_share(tmp_path):
                                     "test_parameter_groups[2-sgd]", "test_parameter_groups[3-adamw]"]
     added = [t.output for t in graded.tests if "test_add_param_group" in t.name]
     assert all("after step 2 of 3 differs from single-process training" in line for line in added), added
-    assert failed(graded, FSDP) == ["test_compute_dtype[bfloat16]", "test_compute_dtype[float16]"]
-    assert all(line.startswith("rank 0: the model's output is torch.float32 with compute_dtype=torch.")
-               for line in failures(graded, FSDP)), failures(graded, FSDP)
+    assert failed(graded, FSDP) == ["test_compute_dtype[bfloat16]", "test_compute_dtype[float16]", *traffic]
+    assert all(t.output.startswith("rank 0: the model's output is torch.float32 with compute_dtype=torch.")
+               for t in graded.tests if "test_compute_dtype" in t.name), failures(graded, FSDP)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert round(sum(t["score"] for t in results["tests"]), 4) == pytest.approx(results["score"])
     assert "**Capped:** ddp_overlap_individual_parameters is capped at 1/3" in (tmp_path / "out" / "grade.md").read_text()

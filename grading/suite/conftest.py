@@ -1,9 +1,12 @@
 """Which tests run for the graded edition, each test's problem, and the hang rule.
 
 ``GRADING_EDITION`` ("2025", "2026" or "both"; the harness sets it from the adapters file) picks
-the problems and the adapter names. A problem whose test timed out runs none of its remaining
-tests: a deadlock is nearly always the implementation's, not the test's, and running on would
-cost a timeout per test (they fail at once with the first one's reason instead).
+the problems and the adapter names. A test marked ``loopback`` reads the bytes the ranks carried
+(grading/traffic.py) and runs only where the grader has a network namespace of its own;
+elsewhere it is not collected, and its problem's other tests share its points (report.py). A
+problem whose test timed out runs none of its remaining tests: a deadlock is nearly always the
+implementation's, not the test's, and running on would cost a timeout per test (they fail at
+once with the first one's reason instead).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from grading import traffic
 from grading.outside import return_freed_memory
 from grading.problems import EDITIONS, GRADED
 from grading.ranks import RankFailure, run_ranks
@@ -38,6 +42,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         marker = item.get_closest_marker("problem")
         chosen = marker is None or (marker.args[0] in GRADED[EDITION] and (not ONLY or marker.args[0] in ONLY))
+        # the bytes on a loopback that other processes share are not the ranks': not checked there
+        chosen = chosen and (item.get_closest_marker("loopback") is None or traffic.private())
         (keep if chosen else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -50,12 +56,12 @@ def ranks(request: pytest.FixtureRequest):
     grader encoded for each rank; a failure fails the test in one line."""
     problem = request.node.get_closest_marker("problem").args[0]
 
-    def run(fn, world_size: int, payloads: list[bytes]):
+    def run(fn, world_size: int, payloads: list[bytes], releases: dict[str, list[bytes]] | None = None):
         if (problem, world_size) in _hung:
             pytest.fail(f"not run: {_hung[problem, world_size]} timed out at world size {world_size}, and a hang "
                         "stops its problem's tests at that world size", pytrace=False)
         try:
-            return run_ranks(fn, world_size, payloads)
+            return run_ranks(fn, world_size, payloads, releases=releases)
         except RankFailure as failure:
             if failure.timed_out:
                 _hung.setdefault((problem, world_size), request.node.originalname)

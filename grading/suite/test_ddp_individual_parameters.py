@@ -8,6 +8,7 @@ Tests marked ``beyond_handout`` check more than the handout asks: they are repor
 
 import pytest
 
+from grading import carried
 from grading.checks import DDPCase, findings, overlap_finding, run_ddp
 from grading.suite.conftest import EDITION
 
@@ -40,9 +41,11 @@ def test_communicates_during_backward(ranks, case):
     """handout: "a distributed data parallel wrapper that asynchronously all-reduces individual
     parameter tensors as they become ready during the backward pass": the gradients are sent
     while backward still runs (async_op=True, waited on after backward), and the wrapper still
-    trains as single-process training does."""
+    trains as single-process training does. In namespace mode, from outside the ranks too
+    (grading/carried.py): the bytes carried before backward reaches the first layer, and once."""
     run = run_ddp(ranks, 2, case)
-    findings(overlap_finding(run.reports, case.model, PROBLEM), run.mismatch)
+    outside, mismatch = carried.ddp_overlap_finding(ranks, case, PROBLEM)
+    findings(outside, overlap_finding(run.reports, case.model, PROBLEM), run.mismatch, mismatch)
 
 
 def test_tied_weights(ranks, case):

@@ -8,6 +8,7 @@ do since release 26.1.4); uneven shards are checked beyond the handout, for 0 po
 
 import pytest
 
+from grading import carried
 from grading.checks import FSDPCase, findings, run_fsdp
 from grading.memory import freed_finding, weights_finding
 from grading.models import LMShape
@@ -87,6 +88,25 @@ def test_gathered_weights_are_freed(ranks, repetition):
     gathers it again (the answers do, with saved-tensor hooks: cs336_systems/answers/fsdp.py)."""
     run = measured(ranks, 3, repetition)
     findings(freed_finding(run.reports, run.weights, run.activations, PROBLEM), run.mismatch)
+
+
+@pytest.mark.loopback
+@pytest.mark.parametrize("world_size, compute_dtype", [(2, None), (3, None), (2, "bfloat16")],
+                         ids=["2", "3", "2-bfloat16"])
+def test_gradients_are_reduce_scattered(ranks, world_size, compute_dtype):
+    """handout: the FSDP wrapper "will handle weight all-gathers and gradient reduce-scatters", and
+    "When compute_dtype is provided, cast the weights to that dtype before communicating": the bytes
+    the ranks carried (the kernel's count for the run's own network namespace, read while the
+    ranks are held before forward, between forward and backward, and after backward) fit an
+    all-gather of the weights in the compute dtype in forward and one reduction of the gradients
+    in backward, and the whole step (each step's batch sent only when the grader lets the ranks
+    go from its "before forward" hold) its total; against gloo's own collectives at this world
+    size (grading/carried.py: gloo's reduce-scatter carries what its all-reduce carries, so the
+    bytes do not tell them apart). It still trains as single-process training does."""
+    run = run_fsdp(ranks, world_size, FSDPCase(optimizer="public_sgd", steps=3, compute_dtype=compute_dtype,
+                                               traffic=True))
+    calibration = carried.calibrate(ranks, world_size, [n // 4 for n in run.weights.values()])
+    findings(carried.fsdp_finding(run.reports, calibration, sum(run.weights.values()), compute_dtype, 3), run.mismatch)
 
 
 @pytest.mark.beyond_handout
