@@ -9,8 +9,8 @@ writeup/results/<tag>/fsdp_modules.json at 2 ranks, fsdp_modules-ws<n>.json at n
 runs it at 2 and 3). See cs336_systems/bench/fsdp/modules_run.py.
 
     # plain command: spawns the ranks on this machine (gloo on CPU by default)
-    python scripts/bench_fsdp_modules.py --world-size 2 --rounds 16
-    python scripts/bench_fsdp_modules.py --world-size 3 --rounds 16
+    python scripts/bench_fsdp_modules.py --world-size 2 --rounds 32
+    python scripts/bench_fsdp_modules.py --world-size 3 --rounds 32
 
     # under torchrun: one process per rank
     torchrun --nproc-per-node 2 scripts/bench_fsdp_modules.py --d-model 1024 --num-heads 16 --d-ff 4096

@@ -86,6 +86,9 @@ def _steps_for(
 # 8 sequences: 4 rows per rank at world size 2, one per micro-batch of the accumulation option.
 FSDP_OPTIONS_TINY = ("--model-size", "tiny", "--context-length", "32", "--global-batch", "8", "--world-size", "2")
 CPU_DDP = ("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4", "--world-size", "2")
+# Twelve (case, side) pairs a round at the default shape; 32 rounds: the 95% interval of the
+# per-round ratio's median runs from the 10th to the 23rd of 32.
+FSDP_MODULES_CPU = ("--rounds", "32")
 
 
 def cpu_suite(out: Path) -> list[BenchStep]:
@@ -111,7 +114,7 @@ def cpu_suite(out: Path) -> list[BenchStep]:
         fsdp_options=(*FSDP_OPTIONS_TINY, "--rounds", "16"),
         # Twelve configurations a round (four techniques, three implementations each).
         answers=(*CPU_DDP, "--rounds", "8"),
-    ) + [fsdp_hybrid_step(out), *fsdp_module_steps(out, ("--rounds", "16"))]
+    ) + [fsdp_hybrid_step(out), *fsdp_module_steps(out, FSDP_MODULES_CPU)]
 
 
 def fsdp_module_steps(out: Path, args: tuple[str, ...]) -> list[BenchStep]:

@@ -11,13 +11,14 @@ measured. Words in ``templates/details/fsdp_modules.md.j2``, included by the FSD
 from __future__ import annotations
 
 from cs336_systems.bench.fsdp.modules_run import FsdpModuleRecord
+from cs336_systems.bench.suites import FSDP_MODULES_CPU
 from cs336_systems.writeup import fmt
 from cs336_systems.writeup.context import RenderContext
 from cs336_systems.writeup.fsdp_options_section import bytes_within, ratio_reading
 
 KIND = FsdpModuleRecord.KIND
 WORLD_SIZES = (2, 3)  # the issue's
-COMMAND = "python scripts/bench_fsdp_modules.py --world-size {n} --rounds 16"
+COMMAND = "python scripts/bench_fsdp_modules.py --world-size {n} " + " ".join(FSDP_MODULES_CPU)  # make bench's
 
 
 def _run(results) -> dict:
