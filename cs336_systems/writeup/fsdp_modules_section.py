@@ -53,8 +53,10 @@ def _run(results) -> dict:
 
 
 def modules_runs(ctx: RenderContext) -> dict:
-    """Every run (in machine and file order) and the issue's world sizes none measured."""
-    runs = [_run(results) for _, results in ctx.inputs.runs(KIND) if results.records]
+    """Every run (machines in tag order, each machine's by world size) and the issue's world sizes
+    none measured."""
+    found = [(machine.tag, results.environment.world_size, results) for machine, results in ctx.inputs.runs(KIND)]
+    runs = [_run(results) for _, _, results in sorted(found, key=lambda x: x[:2]) if results.records]
     measured = {r["n"] for r in runs}
     missing = [n for n in WORLD_SIZES if n not in measured]
     return dict(runs=runs, missing=missing, commands=[COMMAND.format(n=n) for n in missing])
