@@ -1,9 +1,10 @@
-"""Rank code for tests/test_fsdp_any_module.py: our FSDP beside torch's ``fully_shard`` on torch's
-own modules (``nn.TransformerEncoder``, whose ``nn.MultiheadAttention`` reads ``in_proj_weight``
-and ``out_proj.weight`` without calling a Linear), nested per block then the root.
+"""Rank code for tests/test_fsdp_any_module.py: our FSDP beside torch's ``fully_shard`` on the
+models of cs336_systems/bench/fsdp/modules.py (``nn.TransformerEncoder`` at the root alone and per
+layer, blocks around ``nn.MultiheadAttention``, tied weights, frozen layers, bf16 compute from
+float inputs), at its small test shape.
 
-Every case builds the same model on every rank (seeded), shards it three ways (ours in place,
-ours behind the wrapper with ``shard="all"``, torch's ``fully_shard``), trains each two AdamW
+Every case builds the same model on every rank (seeded), shards it in place with ours and with
+torch's ``fully_shard`` (two cases also behind our wrapper with ``shard="all"``), trains each two AdamW
 steps on fresh data, each rank on its rows of the global batch, and reports the full weights
 (gathered), the bytes each rank holds at rest (parameter shards and their gradients), and which
 of our weights were still gathered after a forward.
@@ -11,124 +12,34 @@ of our weights were still gathered after a forward.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from cs336_systems.bench.fsdp.modules import (
+    CASES, EPS, OURS, TEST_SHAPE, TORCH, Encoder, ModuleCase, full_params, loss_of, shard, trained,
+)
+from cs336_systems.bench.fsdp.modules import batch as global_batch
+from cs336_systems.bench.fsdp.modules import build as build_model
 from cs336_systems.launch import RankContext
 
-D, HEADS, FF, LAYERS, VOCAB = 16, 2, 24, 2, 23
 BATCH, SEQ, STEPS, LR = 6, 5, 2, 1e-2
-# AdamW normalises each step: a parameter whose true gradient is zero (the key part of
-# in_proj_bias: softmax ignores a shift of every key) moves by lr on rounding noise alone,
-# whatever its sign. An eps above that noise (about 1e-9 here) keeps such steps at noise size.
-EPS = 1e-4
-
-
-class Encoder(nn.Module):
-    """torch's TransformerEncoder between a float input projection and a head."""
-
-    def __init__(self):
-        super().__init__()
-        layer = nn.TransformerEncoderLayer(D, HEADS, FF, dropout=0.0, batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, LAYERS, enable_nested_tensor=False)
-        self.head = nn.Linear(D, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.encoder(x))
-
-    def blocks(self) -> list[nn.Module]:
-        return list(self.encoder.layers)
-
-
-class TiedLM(nn.Module):
-    """Token embedding tied to the LM head, encoder layers between, a final LayerNorm."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, D)
-        self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(D, HEADS, FF, dropout=0.0, batch_first=True, norm_first=True)
-            for _ in range(LAYERS)
-        )
-        self.norm = nn.LayerNorm(D)
-        self.head = nn.Linear(D, VOCAB, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.embed(tokens)
-        for layer in self.layers:
-            h = layer(h)
-        return self.head(self.norm(h))
-
-    def blocks(self) -> list[nn.Module]:
-        return list(self.layers)
-
-
-@dataclass(frozen=True)
-class ModuleCase:
-    """One model and setting; ``frozen`` names parameters that do not train."""
-
-    name: str
-    model: str  # "encoder" (float inputs) or "tied" (tokens)
-    compute_dtype: torch.dtype | None = None
-    frozen: tuple[str, ...] = ()
-
-
-CASES = (
-    ModuleCase("encoder", "encoder"),
-    ModuleCase("tied", "tied"),
-    ModuleCase("frozen", "encoder", frozen=("encoder.layers.0.", "head.bias")),
-    ModuleCase("bf16", "encoder", compute_dtype=torch.bfloat16),
-)
 
 
 def build(case: ModuleCase) -> nn.Module:
-    torch.manual_seed(0)
-    model = Encoder() if case.model == "encoder" else TiedLM()
-    for name, p in model.named_parameters():
-        if name.startswith(case.frozen):
-            p.requires_grad_(False)
-    return model
+    return build_model(case, TEST_SHAPE)
 
 
 def batch(case: ModuleCase, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(100 + step)
-    if case.model == "encoder":
-        return torch.randn(BATCH, SEQ, D, generator=g), torch.randint(0, 3, (BATCH, SEQ), generator=g)
-    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
-    return tokens[:, :-1], tokens[:, 1:]
-
-
-def loss_of(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(out.float().reshape(-1, out.shape[-1]), target.reshape(-1))
+    return global_batch(case, TEST_SHAPE, BATCH, SEQ, seed=100 + step)
 
 
 def _shard(case: ModuleCase, side: str, model: nn.Module) -> nn.Module:
-    if side == "torch":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        policy = MixedPrecisionPolicy(param_dtype=case.compute_dtype, reduce_dtype=torch.float32)
-        for block in model.blocks():
-            fully_shard(block, mp_policy=policy)
-        return fully_shard(model, mp_policy=policy)
-    if side == "ours":
-        from cs336_systems.fsdp import fully_shard
-
-        for block in model.blocks():
-            fully_shard(block, compute_dtype=case.compute_dtype)
-        return fully_shard(model, compute_dtype=case.compute_dtype)
+    if side in (OURS, TORCH):
+        return shard(case, side, model)
     from cs336_systems.fsdp import FullyShardedDataParallel
 
     return FullyShardedDataParallel(model, case.compute_dtype, shard="all",
                                     activation_checkpointing=side == "wrapper-checkpointed")
-
-
-def _full(side: str, model: nn.Module) -> dict[str, torch.Tensor]:
-    if side == "torch":
-        return {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
-    return model.gather_full_params()
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
@@ -153,26 +64,25 @@ def _gathered_after_forward(model: nn.Module) -> list[str]:
 
 def run_side(ctx: RankContext, case: ModuleCase, side: str) -> dict:
     model = _shard(case, side, build(case))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, eps=EPS)
+    optimizer = torch.optim.AdamW(trained(model), lr=LR, eps=EPS)
     rows = slice(ctx.rank * BATCH // ctx.world_size, (ctx.rank + 1) * BATCH // ctx.world_size)
     gathered: list[str] = []
     for step in range(STEPS):
         x, y = batch(case, step)
         out = model(x[rows])
-        if side == "ours":
-            inner = model
-            gathered += _gathered_after_forward(inner)
+        if side == OURS and case.per_block:
+            gathered += _gathered_after_forward(model)
         loss_of(out, y[rows]).backward()  # no call after it: gradients are reduced as it ends
         optimizer.step()
         optimizer.zero_grad(set_to_none=False)
-    return {"full": _full(side, model), "bytes": _resident_bytes(model), "gathered": gathered,
+    return {"full": full_params(side, model), "bytes": _resident_bytes(model), "gathered": gathered,
             "output_dtype": out.dtype}
 
 
 def train_single(case: ModuleCase, world_size: int) -> dict[str, torch.Tensor]:
     """The reference: one process, the whole batch (its mean loss is the ranks' average)."""
     model = build(case)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR, eps=EPS)
+    optimizer = torch.optim.AdamW(trained(model), lr=LR, eps=EPS)
     for step in range(STEPS):
         x, y = batch(case, step)
         losses = []
@@ -211,12 +121,12 @@ def state_dict_conventions(ctx: RankContext) -> dict:
     from cs336_systems.fsdp import FullyShardedDataParallel, fully_shard
 
     full = StateDictOptions(full_state_dict=True)
-    out = {"keys": list(Encoder().state_dict())}
+    out = {"keys": list(Encoder(TEST_SHAPE).state_dict())}
     for shard in ("weights", "all"):
         model = _mlp(0) if shard == "weights" else build(CASES[0])
         fsdp = FullyShardedDataParallel(model, shard=shard)
         _train_mlp(ctx, fsdp) if shard == "weights" else None
-        plain = _mlp(1) if shard == "weights" else Encoder()
+        plain = _mlp(1) if shard == "weights" else Encoder(TEST_SHAPE)
         plain.load_state_dict(fsdp.state_dict())  # strict: every key, no prefix
         gathered = fsdp.gather_full_params()
         out[shard] = {
@@ -225,7 +135,7 @@ def state_dict_conventions(ctx: RankContext) -> dict:
             "plain_keys": sorted(plain.state_dict()),
             "named_parameters": sorted(n for n, _ in fsdp.named_parameters()),
         }
-        other = _mlp(2) if shard == "weights" else Encoder()
+        other = _mlp(2) if shard == "weights" else Encoder(TEST_SHAPE)
         fsdp.load_state_dict(other.state_dict())  # whole tensors in: each rank keeps its slice
         gathered = fsdp.gather_full_params()
         out[shard]["load_round_trip"] = all(torch.equal(p, gathered[n]) for n, p in other.named_parameters())
@@ -282,10 +192,10 @@ def refusals(ctx: RankContext) -> dict:
 
     errors = {}
     try:
-        FullyShardedDataParallel(Encoder())
+        FullyShardedDataParallel(Encoder(TEST_SHAPE))
     except ValueError as e:
         errors["attention"] = str(e)
-    nested = Encoder()
+    nested = Encoder(TEST_SHAPE)
     nested.encoder.layers[0] = FullyShardedDataParallel(nested.encoder.layers[0], shard="all")
     try:
         FullyShardedDataParallel(nested, shard="all")
@@ -344,7 +254,7 @@ def sides(case: ModuleCase) -> tuple[str, ...]:
     """Ours in place and torch's for every case; the wrapper (the same units, built for the
     user) on the first only, and with activation checkpointing on the second, to keep the job
     short."""
-    extra = {CASES[0].name: ("wrapper",), CASES[1].name: ("wrapper-checkpointed",)}.get(case.name, ())
+    extra = {"nested": ("wrapper",), "tied": ("wrapper-checkpointed",)}.get(case.name, ())
     return ("ours", *extra, "torch")
 
 

@@ -71,6 +71,20 @@ def build_module(case: FitCase, lr: float = 0.1) -> Any:
             if case.unused:
                 self.spare = nn.Linear(HIDDEN, HIDDEN)
 
+        def configure_model(self) -> None:
+            # Lightning's ModelParallelStrategy (torch's fully_shard) leaves sharding to the module,
+            # over its mesh's data-parallel dimension: each Linear a unit, then the network, as
+            # CS336FSDPStrategy's auto_wrap_policy={nn.Linear}. Other strategies have no mesh.
+            if self.device_mesh is None:
+                return
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = self.device_mesh["data_parallel"]
+            for layer in self.net:
+                if isinstance(layer, nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(self.net, mesh=mesh)
+
         def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
             x, y = batch
             if case.fail_rank == self.global_rank and batch_idx == 2:
@@ -90,6 +104,10 @@ def make_strategy(name: str, case: FitCase) -> Any:
 
     if name == "lightning":
         return DDPStrategy(process_group_backend="gloo", **case.torch_ddp)
+    if name == "model_parallel":  # Lightning's FSDP2 strategy: every rank a data-parallel rank
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        return ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, process_group_backend="gloo")
     if name == "fsdp":
         from cs336_systems.lightning import CS336FSDPStrategy
 

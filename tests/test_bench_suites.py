@@ -15,6 +15,7 @@ OUT = Path("OUT")
 RESULT_FILES = {"allreduce.json", "naive_ddp.json", "ddp_step.json", "ddp_step-ablation.json",
                 "profile/profile.json", "sharded_optimizer.json", "fsdp_step.json", "bucket_family.json",
                 "ffn_bytes.json", "fsdp_options.json", "lightning_claims.json", "answers_step.json"}
+MODULE_FILES = ("fsdp_modules.json", "fsdp_modules-ws3.json")  # the CPU suites'
 
 
 def _arg(step, flag: str) -> str:
@@ -29,8 +30,15 @@ def test_steps_run_existing_scripts_into_the_results_folder(suite):
         assert step.command[-2:] == ["--out", step.out]
     outputs = {Path(s.out).relative_to(OUT).as_posix() for s in steps}
     # the GPU suite does not time the answers (the CPU suites do)
-    assert outputs - {"ddp_step-nccl1.json", "fsdp_options-ws4.json"} == RESULT_FILES - (
+    assert outputs - {"ddp_step-nccl1.json", "fsdp_options-ws4.json", *MODULE_FILES} == RESULT_FILES - (
         set() if "answers_step.json" in outputs else {"answers_step.json"})
+
+
+@pytest.mark.parametrize("suite", [cpu_suite, quick_suite])
+def test_cpu_suites_run_the_modules_benchmark_at_2_and_3_ranks(suite):
+    """Issue 41: our fully_shard beside torch's on the six models, at 2 and 3 gloo ranks."""
+    steps = [s for s in suite(OUT) if s.script == "scripts/bench_fsdp_modules.py"]
+    assert {Path(s.out).name: _arg(s, "--world-size") for s in steps} == dict(zip(MODULE_FILES, ("2", "3")))
 
 
 def test_gpu_suite_uses_nccl_only_with_a_gpu_per_rank():

@@ -1,10 +1,13 @@
 """Our FSDP on any module, beside torch's ``fully_shard`` (issue 41, items 1-6).
 
-One spawn per world size (2 and 3 gloo ranks) runs tests/fsdp_module_cases.py: torch's
-``nn.TransformerEncoder`` (``nn.MultiheadAttention`` reads its weights without calling a
-Linear), a language model whose embedding is tied to its head, frozen layers, and bfloat16
-compute from float32 inputs; each sharded per block and then at the root, by our
-``fully_shard``, by our wrapper with ``shard="all"`` and by torch's ``fully_shard``.
+One spawn per world size (2 and 3 gloo ranks) runs tests/fsdp_module_cases.py on the six cases of
+cs336_systems/bench/fsdp/modules.py (the models the FSDP modules benchmark times): torch's
+``nn.TransformerEncoder`` (``nn.MultiheadAttention`` reads its weights without calling a Linear)
+sharded at the root alone and per layer then the root, blocks of our own around
+``nn.MultiheadAttention`` (causal mask), a language model whose embedding is tied to its head,
+frozen layers, and bfloat16 compute from float32 inputs; each sharded in place by our
+``fully_shard`` and by torch's, the per-layer encoder and the tied LM also by our wrapper with
+``shard="all"`` (the latter with activation checkpointing).
 
 Tolerances. float32: ``FLOAT32_ATOL`` = 1e-5 after two AdamW steps of lr 1e-2: the sides sum
 the same per-rank gradients in different orders (torch's reduce-scatter chunks rows, ours the

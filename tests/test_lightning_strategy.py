@@ -37,6 +37,11 @@ EVERY = ("lightning", *VARIANTS)
 # Each Linear a unit (Lightning's auto_wrap_policy spelling), then the root.
 FSDP_CASE = FitCase("fsdp", batchnorm=False, steps=3, resume_at=1, strategies=("lightning", "fsdp"), whole_batch=True,
                     ours={"auto_wrap_policy": {torch.nn.Linear}})
+# The same units beside Lightning's own FSDP strategy that runs on CPU: ModelParallelStrategy
+# (torch's fully_shard in the module's configure_model). Its FSDPStrategy (FSDP1) refuses a CPU
+# accelerator ("requires a GPU accelerator"), so it has no case here.
+MODEL_PARALLEL_CASE = FitCase("fsdp-model-parallel", batchnorm=False, steps=3, strategies=("model_parallel", "fsdp"),
+                              ours={"auto_wrap_policy": {torch.nn.Linear}})
 
 
 def _cases() -> list[FitCase]:
@@ -57,6 +62,7 @@ def _cases() -> list[FitCase]:
         # every forward, FSDP keeps each rank's), resumed from its full checkpoint; beside DDP and
         # one process on the global batch.
         FSDP_CASE,
+        MODEL_PARALLEL_CASE,
         FitCase("static-graph", strategies=("lightning", "bucketed") + (VARIANTS[1:] if MATRIX else ()),
                 ours={"static_graph": True}, torch_ddp={"static_graph": True}),
     ]
@@ -94,6 +100,8 @@ def test_same_weights_as_lightning_ddp_strategy_and_a_failing_rank(tmp_path):
         refusal = results.pop("unused_refused")
         assert "spare.weight" in refusal and "find_unused_parameters=True" in refusal, refusal
     for case in cases[:-1]:
+        if case is MODEL_PARALLEL_CASE:
+            continue  # within float32 rounding, not bitwise: below
         for rank, results in enumerate(ranks):
             got = results[case.name]
             for name in case.strategies[1:]:
@@ -113,6 +121,11 @@ def test_same_weights_as_lightning_ddp_strategy_and_a_failing_rank(tmp_path):
         # float32 rounding of two half-batch gradients summed against one whole-batch chain.
         _assert_same(results[FSDP_CASE.name]["fsdp"], results[FSDP_CASE.name]["whole_batch"],
                      f"CS336FSDPStrategy vs one process, rank {rank}", atol=1e-5)
+        # Both reduce-scatter the same per-rank gradients, chunked differently (torch's by rows,
+        # ours the flattened weight): float32 rounding apart, as beside fully_shard elsewhere.
+        got = results[MODEL_PARALLEL_CASE.name]
+        _assert_same(got["fsdp"], got["model_parallel"], f"CS336FSDPStrategy vs ModelParallelStrategy, rank {rank}",
+                     atol=1e-5)
         got = results[SYNC_BATCHNORM.name]
         for name in SYNC_BATCHNORM.strategies:
             # float32 rounding of E[x^2] - E[x]^2 against torch's two-pass variance, over 4 steps.

@@ -86,6 +86,9 @@ def _steps_for(
 # 8 sequences: 4 rows per rank at world size 2, one per micro-batch of the accumulation option.
 FSDP_OPTIONS_TINY = ("--model-size", "tiny", "--context-length", "32", "--global-batch", "8", "--world-size", "2")
 CPU_DDP = ("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4", "--world-size", "2")
+# Twelve (case, side) pairs a round at the default shape; 32 rounds: the 95% interval of the
+# per-round ratio's median runs from the 10th to the 23rd of 32.
+FSDP_MODULES_CPU = ("--rounds", "32")
 
 
 def cpu_suite(out: Path) -> list[BenchStep]:
@@ -111,7 +114,15 @@ def cpu_suite(out: Path) -> list[BenchStep]:
         fsdp_options=(*FSDP_OPTIONS_TINY, "--rounds", "16"),
         # Twelve configurations a round (four techniques, three implementations each).
         answers=(*CPU_DDP, "--rounds", "8"),
-    ) + [fsdp_hybrid_step(out)]
+    ) + [fsdp_hybrid_step(out), *fsdp_module_steps(out, FSDP_MODULES_CPU)]
+
+
+def fsdp_module_steps(out: Path, args: tuple[str, ...]) -> list[BenchStep]:
+    """Our fully_shard beside torch's on the six models of bench/fsdp/modules.py, at 2 and 3 gloo
+    ranks (the issue's two world sizes; 3 ranks share this machine's 2 cores)."""
+    return [BenchStep(f"FSDP on torch's modules beside fully_shard, {n} ranks", "scripts/bench_fsdp_modules.py",
+                      ("--world-size", str(n), *args), f"{out}/fsdp_modules{'' if n == 2 else f'-ws{n}'}.json")
+            for n in (2, 3)]
 
 
 def fsdp_hybrid_step(out: Path) -> BenchStep:
@@ -138,7 +149,8 @@ def quick_suite(out: Path) -> list[BenchStep]:
         claims=(*tiny, "--global-batch", "4", "--rounds", "2", "--steps-per-round", "1", "--batchnorm-steps", "2"),
         fsdp_options=(*FSDP_OPTIONS_TINY, "--rounds", "2"),
         answers=(*tiny, "--global-batch", "4", "--rounds", "2"),
-    )
+    ) + fsdp_module_steps(out, ("--d-model", "16", "--num-heads", "2", "--d-ff", "32", "--num-layers", "2",
+                                "--vocab-size", "64", "--context-length", "8", "--rounds", "2"))
 
 
 def nccl_rehearsal_step(out: Path) -> BenchStep:

@@ -11,6 +11,7 @@ as torch's ``fully_shard`` per module.
 * sharded_weight.py  one weight's shard layout (flatten, pad, slice) and its collectives
 * unit.py            a block's weights in one all-gather and one reduce-scatter
 * schedule.py        when they run: gather, prefetch, free, reduce-scatter, finish
+* reduction.py       the reduce-scatters in flight, replicas' all-reduce, replicated gradients
 * exact.py           exact-gradient mode: gradients recomputed over the global batch
 * options.py         the options torch's ``fully_shard`` users set (reshard_after_forward,
                      sync_module_states, reduce_dtype, activation checkpointing, hybrid
@@ -44,6 +45,7 @@ from cs336_systems.fsdp.composable import FSDPModule, fully_shard
 from cs336_systems.fsdp.activation_checkpointing import checkpoint_layers, is_recomputing
 from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
 from cs336_systems.fsdp.options import FsdpOptions
-from cs336_systems.fsdp.schedule import MAX_REDUCTIONS_IN_FLIGHT, Schedule
+from cs336_systems.fsdp.reduction import MAX_REDUCTIONS_IN_FLIGHT, Reductions
+from cs336_systems.fsdp.schedule import Schedule
 from cs336_systems.fsdp.sharded_weight import ShardedWeight, ShardLayout
 from cs336_systems.fsdp.wrapper import COMPUTE_DTYPES, SHARDED_TYPES, FullyShardedDataParallel

@@ -21,8 +21,8 @@ again with its unit (or its prefetch waited for) and the all-gather of the next 
 needs is launched. When the use's weight gradient arrives at :class:`_Unshard`, the full weight
 is dropped and the gradient added to the weight's float32 sum; once every member of the unit
 has had its last use's gradient, the unit's sums are reduce-scattered asynchronously while
-backward goes on. At most ``MAX_REDUCTIONS_IN_FLIGHT`` reductions are pending at once, which
-bounds the full gradients alive. :meth:`Schedule.finish`, queued with autograd's engine by the
+backward goes on (reduction.py: at most ``MAX_REDUCTIONS_IN_FLIGHT`` pending at once, which
+bounds the full gradients alive). :meth:`Schedule.finish`, queued with autograd's engine by the
 first gradient of a backward so that it runs as that backward ends (as ``fully_shard``'s
 post-backward callback), launches any reduction whose uses never all produced a gradient,
 all-reduces the replicated parameters' gradients, waits, and installs the shards' gradients.
@@ -48,7 +48,6 @@ are issued in the order the autograd graph dictates, and the graphs must agree t
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -56,12 +55,9 @@ import torch.distributed as dist
 from torch import nn
 
 from cs336_systems.fsdp.activation_checkpointing import is_recomputing
+from cs336_systems.fsdp.reduction import Reductions
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
 from cs336_systems.fsdp.unit import Call, Unit
-
-# Two: the one just launched can overlap the next unit's backward while the one before it
-# finishes; more would keep more full-size gradients alive for little extra overlap.
-MAX_REDUCTIONS_IN_FLIGHT = 2
 
 
 class _Unshard(torch.autograd.Function):
@@ -104,14 +100,12 @@ class Schedule:
         self.exact_gradients = exact_gradients
         self.exact = None  # the ExactGradients driving exact mode, set by the wrapper
         self.world_size = world_size  # every rank: gradients are averaged over all of them
-        self.group = group  # replicated parameters' all-reduce (None: the world)
         self.reshard_after_forward = reshard_after_forward  # False: keep gathered until backward
-        self.reduce_dtype = reduce_dtype
-        # Hybrid sharding: shard gradients, once reduce-scattered within the shard group, are
-        # all-reduced across the replicas (options.py); None: no replicas.
-        self.replicate_group = replicate_group
         self.sync = True  # False inside no_sync(): gradients are summed locally, not reduced
-        self._replica_in_flight: deque[dist.Work] = deque()
+        # Reductions in flight (reduction.py): ``group`` all-reduces the replicated parameters'
+        # gradients (None: the world); with hybrid sharding, shard gradients reduce-scattered
+        # within the shard group are all-reduced across ``replicate_group`` (None: no replicas).
+        self.reductions = Reductions(world_size, group, reduce_dtype, replicate_group)
         self.grad_pending = False  # a gradient arrived since the last finish()
         self._live: dict[int, ShardedWeight] = {}  # id -> weight gathered or being gathered
         self._storages: dict[int, ShardedWeight] = {}  # storage address -> weight computed with
@@ -125,7 +119,6 @@ class Schedule:
         self._backward_units: list[Unit] = []  # units whose weights backward gathers, in order
         self._backward_cursor = 0
         self._finish_queued = False  # finish() is queued to run when this backward ends
-        self._in_flight: deque[tuple[dist.Work, torch.Tensor, torch.Tensor]] = deque()  # work, in, out
         self._biases: dict[nn.Module, nn.Parameter] = {}  # master biases of layers mid-call
 
     # -- gathering -----------------------------------------------------------------------------
@@ -299,23 +292,10 @@ class Schedule:
             if self.exact_gradients:  # every rank holds the global gradient: no reduction needed
                 weight.keep_own_slice()
             elif weight.unit is not None and weight.unit.ready_to_reduce():
-                self._launch_reduction(weight.unit)
+                self.reductions.launch(weight.unit)
 
     def on_replicated_grad(self, param: torch.Tensor) -> None:
         self.note_backward()
-
-    def _launch_reduction(self, unit: Unit) -> None:
-        while len(self._in_flight) >= MAX_REDUCTIONS_IN_FLIGHT:
-            self._retire_oldest()
-        self._in_flight.append(unit.reduce_scatter(self.reduce_dtype))
-
-    def _retire_oldest(self) -> None:
-        """Wait for the oldest reduce-scatter; with replicas, launch its all-reduce across them
-        (after the wait: collectives on two groups are not ordered with each other)."""
-        work, _, reduced = self._in_flight.popleft()
-        work.wait()
-        if self.replicate_group is not None:
-            self._replica_in_flight.append(dist.all_reduce(reduced, group=self.replicate_group, async_op=True))
 
     # -- after backward ------------------------------------------------------------------------
 
@@ -331,12 +311,9 @@ class Schedule:
                 weight.keep_own_slice()
         for unit in self.units:
             if any(w.has_unreduced_grad for w in unit.members):
-                self._launch_reduction(unit)
-        self._all_reduce_replicated()
-        while self._in_flight:
-            self._retire_oldest()
-        while self._replica_in_flight:
-            self._replica_in_flight.popleft().wait()
+                self.reductions.launch(unit)
+        self.reductions.all_reduce_replicated(self.replicated)
+        self.reductions.wait_all()
         for weight in self.weights:
             weight.install_grad(self.world_size)
             self.free(weight)
@@ -344,33 +321,10 @@ class Schedule:
 
     def release(self) -> None:
         """Wait for and drop every collective still in flight; free every gathered weight."""
-        while self._in_flight:
-            self._retire_oldest()
-        while self._replica_in_flight:
-            self._replica_in_flight.popleft().wait()
+        self.reductions.wait_all()
         for weight in self.weights:
             weight.recompute_holds = 0
             self.free(weight)  # waits for a gather still writing it
-
-    def _all_reduce_replicated(self) -> None:
-        """One all-reduce of every replicated gradient, flattened (they are small: gains, biases).
-
-        A parameter without a gradient on this rank contributes zeros, so every rank passes a
-        buffer of the same layout; afterwards every replicated parameter has the average.
-        """
-        params = [p for p in self.replicated if p.requires_grad]
-        if not params:
-            return
-        flat = torch.cat([
-            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).to(self.reduce_dtype)
-            for p in params
-        ])
-        dist.all_reduce(flat, group=self.group)
-        flat = flat.to(torch.float32).div_(self.world_size)
-        offset = 0
-        for p in params:
-            p.grad = flat[offset : offset + p.numel()].view_as(p).to(p.dtype)
-            offset += p.numel()
 
 
 def _next_units(order: list[ShardedWeight]) -> list[ShardedWeight | None]:

@@ -22,6 +22,7 @@ KINDS = {
     "fsdp_step": "cs336_systems.bench.fsdp.record:FsdpStepRecord",
     "answers_step": "cs336_systems.bench.answers.record:AnswersStepRecord",
     "fsdp_options": "cs336_systems.bench.fsdp.options_run:FsdpOptionRecord",
+    "fsdp_modules": "cs336_systems.bench.fsdp.modules_run:FsdpModuleRecord",
     "doctor": "cs336_systems.doctor.report:DoctorReport",
     "grades": "cs336_systems.problems:GradeRecord",
     "bucket_family": "cs336_systems.bench.family.record:FamilyRecord",

@@ -20,7 +20,9 @@ KIND = FsdpOptionRecord.KIND
 BYTES_TOLERANCE = 0.05  # "bytes held within 5% of torch's"
 
 
-def _reading(r: FsdpOptionRecord) -> str:
+def ratio_reading(r) -> str:
+    """The verdict on a record's per-round step-time ratio (ours / torch's) from its 95% interval
+    (``ratio_ci95``): every FSDP table beside torch's reads its rows by this rule."""
     if r.ratio_ci95 is None:
         return "too few rounds for an interval"
     low, high = r.ratio_ci95
@@ -31,7 +33,8 @@ def _reading(r: FsdpOptionRecord) -> str:
     return "indistinguishable here"
 
 
-def _within(a: float, b: float) -> bool:
+def bytes_within(a: float, b: float) -> bool:
+    """Whether ``a`` bytes are within BYTES_TOLERANCE of ``b``."""
     return abs(a / b - 1) <= BYTES_TOLERANCE
 
 
@@ -53,9 +56,9 @@ def _run(results) -> dict:
     for r in records:
         interval = f"[{r.ratio_ci95[0]:.2f}, {r.ratio_ci95[1]:.2f}]" if r.ratio_ci95 else "–"
         rows.append([r.option, r.description, fmt.ms(r.ours_median_s), fmt.ms(r.torch_median_s),
-                     f"{r.ratio_median:.2f}", interval, _reading(r),
+                     f"{r.ratio_median:.2f}", interval, ratio_reading(r),
                      f"{fmt.mb(r.ours_resident_bytes)} / {fmt.mb(r.torch_resident_bytes)}",
-                     "yes" if _within(r.ours_resident_bytes, r.torch_resident_bytes) else "no",
+                     "yes" if bytes_within(r.ours_resident_bytes, r.torch_resident_bytes) else "no",
                      f"{fmt.mb(r.ours_peak_bytes)} / {fmt.mb(r.torch_peak_bytes)}",
                      f"{fmt.mb(r.ours_activation_peak_bytes)} / {fmt.mb(r.torch_activation_peak_bytes)}",
                      " ".join(f"{k.replace('_', '-')} {r.ours_calls.get(k, 0)}/{r.torch_calls.get(k, 0)}"
@@ -74,7 +77,7 @@ def _run(results) -> dict:
         moved_mismatched=[a["option"] for a in accounting if not a["moved_equal"]],
         held_gap=max((abs(a["held"] / a["held_predicted"] - 1) for a in accounting if a["held_predicted"]), default=0.0),
         no_slower=no_slower, median_no_slower=[r.option for r in records if r.ratio_median <= 1.0],
-        bytes_within=[r.option for r in records if _within(r.ours_resident_bytes, r.torch_resident_bytes)],
+        bytes_within=[r.option for r in records if bytes_within(r.ours_resident_bytes, r.torch_resident_bytes)],
         options=[r.option for r in records],
         table=fmt.table(["option", "what", "ours (ms)", "torch's (ms)", "ours / torch's per round",
                          "95% interval", "reading", "held per rank, ours / torch's (MB)", "within 5%",

@@ -22,6 +22,7 @@ from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES as FP32_BYTES
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.fsdp_figure import render_fsdp_timelines
+from cs336_systems.writeup.fsdp_modules_section import modules_runs
 from cs336_systems.writeup.fsdp_options_section import options_runs
 from cs336_systems.writeup.load import MachineResults, ResultsFile
 from cs336_systems.writeup.paired import Paired, signed_ms
@@ -164,5 +165,5 @@ def fsdp_page(ctx: RenderContext) -> Page:
                                options=options, memory=memory, handout=handout, names=NAMES,
                                sharded_link=details_link("optimizer_state_sharding"))
     markdown = templating.render("details/fsdp.md.j2", runs=runs, missing=missing, c=names,
-                                 gaps="machines.md#not-measured-here", options=options)
+                                 gaps="machines.md#not-measured-here", options=options, modules=modules_runs(ctx))
     return Page("fsdp", markdown, {"fsdp_accounting": answer}, [r["figure"] for r in runs if r["figure"]])
