@@ -148,9 +148,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
         Every broadcast of :meth:`step` is finished, and its flat buffer dropped, before the step
         returns (broadcast.py), and no process group is kept, so between steps this optimizer
-        holds no work, future or communication buffer (the reason to
-        release one: cs336_systems/launch/lifetime.py). The method exists so that code can
-        release every wrapper and optimizer alike.
+        holds no work, future or communication buffer (the reason to release one:
+        cs336_systems/launch/lifetime.py). The method exists so that code can release every
+        wrapper and optimizer alike.
         """
 
     # Checkpoints (formats in checkpoint.py) ---------------------------------------------------
