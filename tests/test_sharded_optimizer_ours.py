@@ -97,10 +97,12 @@ def _tensors_differ(a: Any, b: Any) -> bool:
 
 
 class _BroadcastRecorder:
-    """Replaces ``dist.broadcast`` for a while, recording each call's payload in bytes."""
+    """Replaces ``dist.broadcast`` for a while, recording each call's payload in bytes and the
+    address of the storage it sends from or receives into."""
 
     def __init__(self):
         self.payload_bytes: list[int] = []
+        self.data_ptrs: list[int] = []
         self._original: Callable | None = None
 
     def __enter__(self) -> _BroadcastRecorder:
@@ -108,6 +110,7 @@ class _BroadcastRecorder:
 
         def recording_broadcast(tensor, *args, **kwargs):
             self.payload_bytes.append(tensor.numel() * tensor.element_size())
+            self.data_ptrs.append(tensor.data_ptr())
             return self._original(tensor, *args, **kwargs)
 
         dist.broadcast = recording_broadcast
@@ -222,6 +225,33 @@ def _case_bucketing() -> dict[str, Any]:
     return out
 
 
+def _case_large_parameter_in_place() -> dict[str, Any]:
+    """A 1 MiB weight among small parameters: it travels from its own storage (no copy, no
+    buffer), the small ones packed; the step still equals the unsharded one."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 512), nn.Linear(512, 4))  # weights 1 MiB and 8 KiB
+    reference = copy.deepcopy(model)
+    optimizer = ShardedOptimizer(model.parameters(), torch.optim.SGD, lr=0.01)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.01)
+    x = torch.randn(8, 512)
+    for m, o in ((model, optimizer), (reference, reference_optimizer)):
+        o.zero_grad()
+        m(x).square().mean().backward()
+    reference_optimizer.step()
+    large = model[0].weight
+    with _BroadcastRecorder() as recorder:
+        optimizer.step()
+    return {
+        "differing": _same(model, reference),
+        "calls": len(recorder.payload_bytes),
+        "large_in_place": recorder.data_ptrs.count(large.data_ptr()),
+        "large_owner": optimizer.owners[0],
+        "small_owners": sorted(set(optimizer.owners[1:])),
+        "payload_bytes": sum(recorder.payload_bytes),
+        "param_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+    }
+
+
 def _case_state_dict_round_trip() -> dict[str, Any]:
     """Checkpoint after two steps, resume four ways, and compare with uninterrupted training."""
     cls, kwargs = OPTIMIZERS["adamw"]
@@ -309,6 +339,7 @@ def _all_cases(ctx: RankContext) -> dict[str, Any]:
     results["add_param_group"] = _case_add_param_group()
     results["one_parameter"] = _case_one_parameter()
     results["bucketing"] = _case_bucketing()
+    results["large_in_place"] = _case_large_parameter_in_place()
     results["state_dict"] = _case_state_dict_round_trip()
     results["misuse"] = _case_misuse()
     return results
@@ -387,6 +418,20 @@ def test_broadcasts_are_bucketed(world_size):
     capped = results["capped"]["payload_bytes"]
     assert max(capped) <= 12288
     assert len(set(results["default"]["owners"])) < len(capped) <= results["num_params"] // 3
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_large_parameters_travel_in_place(world_size):
+    for rank, results in enumerate(sharded_results(world_size)):
+        result = results["large_in_place"]
+        assert not result["differing"], f"rank {rank}: {result['differing']}"
+        # One broadcast straight from the weight's storage on every rank (sender and receivers),
+        # one packed buffer per rank owning small parameters, each byte sent once.
+        assert result["large_in_place"] == 1, f"rank {rank}: the 1 MiB weight was copied"
+        assert result["large_owner"] not in result["small_owners"]
+        assert result["calls"] == 1 + len(result["small_owners"])
+        assert result["payload_bytes"] == result["param_bytes"]
 
 
 @pytest.mark.timeout(300)

@@ -24,7 +24,7 @@ LIBRARY = {"naive_ddp": ("ddp/naive.py", "ddp/base.py", "ddp/mean_all_reduce.py"
                                                  "ddp/mean_all_reduce.py"),
            "ddp_bucketed": ("ddp/bucketed.py", "ddp/bucket.py", "ddp/overlap.py", "ddp/base.py",
                             "ddp/mean_all_reduce.py"),
-           "sharded_optimizer": ("zero/optimizer.py", "zero/assignment.py", "zero/checkpoint.py"),
+           "sharded_optimizer": ("zero/optimizer.py", "zero/broadcast.py", "zero/assignment.py", "zero/checkpoint.py"),
            "fsdp": ("fsdp/wrapper.py", "fsdp/schedule.py", "fsdp/reduction.py", "fsdp/sharded_weight.py",
                     "fsdp/unit.py", "fsdp/options.py", "fsdp/checkpoint.py", "fsdp/exact.py", "fsdp/activation_checkpointing.py")}
 

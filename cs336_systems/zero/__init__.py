@@ -27,8 +27,9 @@ which the DDP wrappers of this repo do not.
 Modules:
 
 * assignment.py  which rank owns which parameter (greedy, balanced by bytes)
-* optimizer.py   :class:`ShardedOptimizer`: the local optimizer over the owned shard, the step
-  and the bucketed broadcasts of updated parameters
+* optimizer.py   :class:`ShardedOptimizer`: the local optimizer over the owned shard and the step
+* broadcast.py   the step's broadcasts of updated parameters: large ones in place, small ones
+  packed, all in flight at once
 * checkpoint.py  its state dicts: one shard per rank, or the whole state in torch's format
 """
 

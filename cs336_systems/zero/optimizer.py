@@ -3,10 +3,10 @@
 One step. Every rank has the full gradient (it computed it, or DDP all-reduced it). Each rank
 steps a local ``optimizer_cls`` built over the parameters it owns, with exactly the math and
 values the unsharded optimizer would use for them, so its results are those of the unsharded
-optimizer. Then every owner broadcasts its updated parameters to the other ranks. The
-broadcasts are bucketed: an owner's parameters are packed per dtype and device into flat buffers
-of at most ``bucket_size_mb``, one broadcast each, and all ranks issue the same broadcasts in the
-same order (owner 0's buckets first).
+optimizer. Then every owner broadcasts its updated parameters to the other ranks
+(broadcast.py): large parameters from their own storage, small ones packed per dtype and device
+into flat buffers of at most ``bucket_size_mb``, all issued asynchronously in the same order on
+every rank (owner 0's first) and finished before the step returns.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.distributed as dist
 
-from cs336_systems.comm.coalesced import broadcast_coalesced
 from cs336_systems.ddp.bucket import bucket_cap_bytes
 from cs336_systems.zero import checkpoint
 from cs336_systems.zero.assignment import assign_to_ranks, parameter_bytes
+from cs336_systems.zero.broadcast import broadcast_shards
 from cs336_systems.zero.checkpoint import PARAM_KEYS
 
 
@@ -62,6 +62,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.local_optimizer: torch.optim.Optimizer | None = None
         self.owners: list[int] = []  # owner rank of each parameter, in param_groups order
         self.loads = [0] * self.world_size  # bytes of parameters owned by each rank
+        # The parameters each rank owns, in param_groups order: what it broadcasts every step.
+        self._shards: list[list[torch.Tensor]] = [[] for _ in range(self.world_size)]
         self.broadcast_calls_last_step = 0
         # The base class calls self.add_param_group for each group, which builds the shard.
         super().__init__(params, defaults=dict(kwargs))
@@ -78,6 +80,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         owners = assign_to_ranks([parameter_bytes(p) for p in params], self.world_size, self.loads)
         for param, owner in zip(params, owners):
             self.loads[owner] += parameter_bytes(param)
+            self._shards[owner].append(param)
         self.owners.extend(owners)
 
         local_group = {k: v for k, v in group.items() if k not in PARAM_KEYS}
@@ -138,22 +141,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _broadcast_shards(self) -> int:
         if self.world_size == 1:
             return 0
-        params = self._all_params()
-        calls = 0
-        for owner in range(self.world_size):
-            # Empty tensors carry nothing; leaving them out keeps every buffer non-empty.
-            owned = [params[i].detach() for i in self.owned_indices(owner) if params[i].numel()]
-            calls += broadcast_coalesced(owned, src=owner, chunk_bytes=self.bucket_cap_bytes)
-        return calls
+        return broadcast_shards(self._shards, self.rank, self.bucket_cap_bytes)
 
     def release(self) -> None:
         """Before ``destroy_process_group()``: nothing to let go of, by design.
 
-        Every broadcast of :meth:`step` is synchronous and its flat buffer dropped before the
-        next is packed (``broadcast_coalesced``), and no process group is kept, so between
-        steps this optimizer holds no work, future or communication buffer (the reason to
-        release one: cs336_systems/launch/lifetime.py). The method exists so that code can
-        release every wrapper and optimizer alike.
+        Every broadcast of :meth:`step` is finished, and its flat buffer dropped, before the step
+        returns (broadcast.py), and no process group is kept, so between steps this optimizer
+        holds no work, future or communication buffer (the reason to release one:
+        cs336_systems/launch/lifetime.py). The method exists so that code can release every
+        wrapper and optimizer alike.
         """
 
     # Checkpoints (formats in checkpoint.py) ---------------------------------------------------
