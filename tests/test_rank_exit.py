@@ -16,8 +16,10 @@ collective to drop during finalization aborted the process (cs336_systems/launch
 
 A spawned rank starts a fresh interpreter that imports torch and, with the first optimizer,
 torch._dynamo: about 2.5 s of CPU, so a job costs 3-10 s on 2 shared cores. ``make test`` runs 2
-jobs per case (about a minute in all on a loaded 2-core machine); ``EXIT_RUNS=20`` is the
-acceptance setting (80 jobs: 22 min on that machine, every one status 0).
+jobs per case, quiet only: its other worker keeps the 2 cores loaded already, and two spinners
+beside it took 2 cores for 16 s per case from every other test (about a minute in all).
+``EXIT_RUNS=20`` is the acceptance setting, with the spinners (80 jobs: 22 min on that machine,
+every one status 0).
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ PATHS = {"launcher": _run_launched, "mp.spawn": _run_spawned}
 
 
 @pytest.mark.timeout(120 + 45 * RUNS)  # a loaded 2-core machine: up to ~30 s a job
-@pytest.mark.parametrize("busy", [0, 2], ids=["quiet", "two-busy-processes"])
+@pytest.mark.parametrize("busy", [0, 2] if "EXIT_RUNS" in os.environ else [0],
+                         ids=["quiet", "two-busy-processes"] if "EXIT_RUNS" in os.environ else ["quiet"])
 @pytest.mark.parametrize("path", list(PATHS))
 def test_the_issue_job_ends_with_status_0_every_time(path, busy):
     run = PATHS[path]
