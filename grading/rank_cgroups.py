@@ -128,18 +128,19 @@ def _pids(folder: Path) -> list[int]:
     return [int(p) for p in (_read(folder / "cgroup.procs") or "").split() if p.isdigit()]
 
 
-def _kill_inside(folder: Path, timeout_s: float = 10.0) -> bool:
-    """SIGKILL every process in ``folder`` until none is left (v2: ``cgroup.kill`` reaches a
+def kill_inside(*folders: Path, timeout_s: float = 10.0) -> bool:
+    """SIGKILL every process in ``folders`` until none is left (v2: ``cgroup.kill`` reaches a
     process however fast it forks); whether none is."""
     deadline = time.monotonic() + timeout_s
-    while pids := _pids(folder):
+    while pids := [pid for folder in folders for pid in _pids(folder)]:
         if time.monotonic() > deadline:
             return False
-        if (folder / "cgroup.kill").exists():
-            try:
-                (folder / "cgroup.kill").write_text("1")
-            except OSError:
-                pass
+        for folder in folders:
+            if (folder / "cgroup.kill").exists():
+                try:
+                    (folder / "cgroup.kill").write_text("1")
+                except OSError:
+                    pass
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -155,13 +156,14 @@ def remove_tree(folder: Path) -> None:
     if not folder.is_dir():
         return
     for child in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        _kill_inside(child)
-        _rmdir(child)
-    _kill_inside(folder)
-    _rmdir(folder)
+        kill_inside(child)
+        rmdir(child)
+    kill_inside(folder)
+    rmdir(folder)
 
 
-def _rmdir(folder: Path) -> None:
+def rmdir(folder: Path) -> None:
+    """Remove an emptied cgroup, waiting while its killed processes are reaped."""
     for _ in range(100):  # a killed process leaves its cgroup once its parent reaped it
         try:
             folder.rmdir()
@@ -206,7 +208,7 @@ class RankCgroups:
                         pass
         except OSError:
             for folder in made:
-                _rmdir(folder)
+                rmdir(folder)
             return None
         return cls(kind, folders)
 

@@ -24,8 +24,6 @@ gets the resource limits alone (RLIMIT_NPROC for the student uid, RLIMIT_CPU per
 from __future__ import annotations
 
 import os
-import signal
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,35 +73,16 @@ class Share:
 
     def kill_all(self, timeout_s: float = 30.0) -> bool:
         """SIGKILL every process in the run's cgroups until none is left; whether none is."""
-        deadline = time.monotonic() + timeout_s
-        while pids := self.pids():
-            if time.monotonic() > deadline:
-                return False
-            for folder in self.folders:  # v2: one write kills the whole cgroup, however fast it forks
-                if (folder / "cgroup.kill").exists():
-                    try:
-                        (folder / "cgroup.kill").write_text("1")
-                    except OSError:
-                        pass
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            time.sleep(0.05)
-        return True
+        return rank_cgroups.kill_inside(*self._tree(), timeout_s=timeout_s)
 
     def remove(self) -> None:
-        children = [p for top in self.folders for p in top.rglob("*") if p.is_dir()]
-        for folder in [*sorted(children, key=lambda p: -len(p.parts)), *self.folders]:
-            for _ in range(50):  # a killed task leaves the cgroup once it is reaped
-                try:
-                    folder.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.1)
+        for folder in reversed(self._tree()):  # the deepest first
+            rank_cgroups.rmdir(folder)
+
+    def _tree(self) -> list[Path]:
+        """The run's cgroups and every cgroup inside them, each after its parent."""
+        return sorted((f for top in self.folders for f in [top, *(p for p in top.rglob("*") if p.is_dir())]),
+                      key=lambda p: len(p.parts))
 
 
 def _own(controller: str | None) -> str | None:
