@@ -10,7 +10,7 @@ In that process (``GRADING_RANK_SERVER`` set, started as ``python -c``), in this
 * with namespaces, the ranks' own view of the file systems (sandbox.rank_view);
 * a limit on processes (RLIMIT_NPROC: a fork bomb stops there; it counts the uid's processes,
   the student uid's alone when the grader is root);
-* as root, the switch to the student uid (student.become), then ranks.confine: no capability,
+* as root, the switch to the student uid (student.become), then sandbox.confine: no capability,
   no new privileges, not dumpable;
 * ``TMPDIR`` the submission's own (the grader's stays the grader's).
 """
@@ -31,7 +31,7 @@ def _paths(name: str) -> list[str]:
 
 
 def enter() -> None:
-    from grading import ranks, sandbox, student
+    from grading import sandbox, student
 
     if os.environ.get("GRADING_NETNS"):
         links = [tuple(pair) for pair in json.loads(os.environ.get("GRADING_RANK_LINKS") or "[]")]
@@ -41,10 +41,10 @@ def enter() -> None:
             print(f"grading sandbox: could not make read-only: {', '.join(left)}", flush=True)
     if os.environ.get("GRADING_STUDENT_UID") or os.environ.get("GRADING_NETNS"):  # else: the user's own count
         resource.setrlimit(resource.RLIMIT_NPROC, (MAX_PROCESSES, MAX_PROCESSES))
-    ranks.drop_bounding_set()
+    sandbox.drop_bounding_set()
     if os.environ.get("GRADING_STUDENT_UID"):
         student.become(int(os.environ["GRADING_STUDENT_UID"]))
-    ranks.confine()
+    sandbox.confine()
     os.environ["TMPDIR"] = os.environ.get("GRADING_RANK_TMPDIR", os.environ.get("TMPDIR", "/tmp"))
     tempfile.tempdir = None
 

@@ -7,7 +7,7 @@ into a memory cgroup of its own, which the rank waits for before it joins its gr
 whatever is left in it when the test ends (rank_cgroups.py). The fork server confines itself before it imports
 anything (rank_server.py: as root, the student uid; no capability; with namespaces, the ranks'
 own view of the file systems); its socket lies in the grader's private folder, never in the
-ranks' TMPDIR. A rank confines itself again (``confine``), puts the submission's folders on
+ranks' TMPDIR. A rank confines itself again (``sandbox.confine``), puts the submission's folders on
 ``sys.path`` *after* the standard library and site-packages, joins a gloo group through a file
 store in its own TMPDIR, runs a rank function on the data the grader sent, and writes its report
 to a pipe of its own in ``grading.wire``'s format, then leaves without finalizing the
@@ -24,7 +24,6 @@ children close what it holds; multiprocessing's resource tracker is never starte
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing as mp
 import os
 import select
@@ -39,7 +38,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from grading import outside, rank_cgroups, traffic, wire
-from grading.sandbox import not_dumpable
+from grading.sandbox import confine
 from grading.selfcheck import GRADER_FAILURE
 
 # Set by the harness; a test run by hand gets the defaults.
@@ -114,46 +113,6 @@ def one_line(exc: BaseException, roots: list[str] | None = None) -> str:
     elif isinstance(exc, SystemExit):
         what = f"the submission called sys.exit({exc.code!r})"
     return f"{where}: {what}" if where else what
-
-
-def drop_bounding_set() -> None:
-    """Drop every capability from the bounding set (needs CAP_SETPCAP; without it, there is nothing to drop)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        for cap in range(64):
-            libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
-
-
-def confine() -> None:
-    """Give up every capability this process has, and the means to regain one.
-
-    The grader's own processes are not dumpable: a process of the same user may then trace
-    them, or open their descriptors under ``/proc``, only with CAP_SYS_PTRACE. As root (CI,
-    Gradescope) or as root of a user namespace a rank would have it; after this it has none,
-    not even through exec (no new privileges, root not special, no ambient set)."""
-    if not sys.platform.startswith("linux"):
-        return
-    not_dumpable()  # its peers cannot open its report pipe through /proc either
-    libc = ctypes.CDLL(None, use_errno=True)
-    pr_set_no_new_privs, pr_set_securebits, pr_cap_ambient = 38, 28, 47
-    libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)
-    libc.prctl(pr_cap_ambient, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-    drop_bounding_set()
-    # SECBIT_NOROOT, its lock, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE and its lock
-    libc.prctl(pr_set_securebits, 0x01 | 0x02 | 0x20 | 0x40 | 0x80, 0, 0, 0)
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-    libc.capset(header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable: none
-    if capabilities() != 0:
-        raise RuntimeError("the grader could not drop this rank's capabilities; it runs no submission code")
-
-
-def capabilities() -> int:
-    """This process's effective capability set, as /proc shows it."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("CapEff:"):
-                return int(line.split()[1], 16)
-    return 0
 
 
 def _use_submission(roots: list[str]) -> None:

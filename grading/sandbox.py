@@ -2,7 +2,7 @@
 
 * The first process is made not dumpable: a process of the same user can then neither trace it
   nor open its descriptors under ``/proc`` without CAP_SYS_PTRACE, which ranks give up
-  (ranks.confine); where the grader is root, ranks run as another uid besides (student.py).
+  (``confine``, here, which the fork server and every rank call); where the grader is root, ranks run as another uid besides (student.py).
 * The environment that runs the grader may have this repository installed (``uv sync`` puts its
   root on ``sys.path`` through a .pth file); a submission that lacks a module must not find ours
   instead, so that entry is dropped here, before pytest, the fork server and every rank.
@@ -41,6 +41,46 @@ KERNEL_KNOBS = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/
 def not_dumpable() -> None:
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def drop_bounding_set() -> None:
+    """Drop every capability from the bounding set (needs CAP_SETPCAP; without it, there is nothing to drop)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        for cap in range(64):
+            libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP
+
+
+def confine() -> None:
+    """Give up every capability this process has, and the means to regain one.
+
+    The grader's own processes are not dumpable: a process of the same user may then trace
+    them, or open their descriptors under ``/proc``, only with CAP_SYS_PTRACE. As root (CI,
+    Gradescope) or as root of a user namespace a rank would have it; after this it has none,
+    not even through exec (no new privileges, root not special, no ambient set)."""
+    if not sys.platform.startswith("linux"):
+        return
+    not_dumpable()  # its peers cannot open its report pipe through /proc either
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_no_new_privs, pr_set_securebits, pr_cap_ambient = 38, 28, 47
+    libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0)
+    libc.prctl(pr_cap_ambient, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
+    drop_bounding_set()
+    # SECBIT_NOROOT, its lock, KEEP_CAPS_LOCKED, NO_CAP_AMBIENT_RAISE and its lock
+    libc.prctl(pr_set_securebits, 0x01 | 0x02 | 0x20 | 0x40 | 0x80, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    libc.capset(header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable: none
+    if capabilities() != 0:
+        raise RuntimeError("the grader could not drop this rank's capabilities; it runs no submission code")
+
+
+def capabilities() -> int:
+    """This process's effective capability set, as /proc shows it."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    return 0
 
 
 def preload() -> None:
