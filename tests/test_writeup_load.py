@@ -72,6 +72,7 @@ def test_a_busy_process_outside_the_run_is_counted_and_one_inside_is_not():
         sampler.start()
         time.sleep(0.5)
         sampler.stop()
+        sampler.join()  # no thread left in this test process when later tests fork
         assert sampler.mean() is not None and sampler.mean() >= 0.5  # the loop, runnable all along
     finally:
         loop.kill(), sibling.kill()

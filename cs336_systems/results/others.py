@@ -6,13 +6,14 @@ a machine where nothing else ran. So the load average cannot say whether *other*
 with the run. :class:`OthersSampler` can: once a second it counts the threads, machine-wide,
 that are runnable (or waiting in the kernel, as the load average counts them) and belong to no
 process of this script's tree (``/proc``, Linux), and :func:`others_mean` is their average over
-the run. It starts when :mod:`cs336_systems.results.environment` is first imported in a
+the run. It starts when :mod:`cs336_systems.results.environment` is first imported in the
 script's main process (never in its ranks), so it covers the run from its start.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 PROC = "/proc"
@@ -75,17 +76,17 @@ class OthersSampler(threading.Thread):
         self.root = os.getpid() if root is None else root
         self.interval_s, self.proc = interval_s, proc
         self.counts: list[int] = []
-        self._stop = threading.Event()
+        self._done = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._done.wait(self.interval_s):
             try:
                 self.counts.append(runnable_outside(self.root, self.proc))
             except OSError:  # /proc unreadable: no counts, and the load says "not sampled"
                 return
 
     def stop(self) -> None:
-        self._stop.set()
+        self._done.set()
 
     def mean(self) -> float | None:
         """The average count so far; None before the first one."""
@@ -102,12 +103,20 @@ def start_sampling() -> None:
     global _SAMPLER
     import multiprocessing
 
-    if _SAMPLER is not None or multiprocessing.parent_process() is not None:
+    if _SAMPLER is not None or multiprocessing.parent_process() is not None or not _a_script():
         return
     if "RANK" in os.environ or "LOCAL_RANK" in os.environ or not os.path.isdir(f"{PROC}/self/task"):
         return
     _SAMPLER = OthersSampler()
     _SAMPLER.start()
+
+
+def _a_script() -> bool:
+    """Whether this process runs one of the repository's scripts (``python scripts/x.py``): only
+    those write results. Never a test process: a thread there would be copied, mid-lock, into
+    every process a test forks (a forked child once hung on such a lock)."""
+    main = sys.argv[0] if sys.argv else ""
+    return main.endswith(".py") and os.path.basename(os.path.dirname(os.path.abspath(main))) == "scripts"
 
 
 def others_mean() -> float | None:
