@@ -16,7 +16,9 @@ What a rank's memory cgroup counts is tests/test_grading_rank_cgroups.py's.
 from __future__ import annotations
 
 import os
+import select
 import signal
+import time
 
 import pytest
 import torch
@@ -29,14 +31,22 @@ from grading.ranks import _frame
 pytestmark = pytest.mark.problem("beyond")
 
 
+CHILD_DEADLINE_S = 60.0  # a child takes well under a second; one that hangs fails the test here
+
+
 def _read_child(allocate_mb: int, stop: bool = True) -> list[dict]:
     """Fork a process that pauses, allocates ``allocate_mb`` MB and keeps it in a global, pauses
-    again and exits; the grader's readings of it."""
+    again and exits; the grader's readings of it.
+
+    The child computes on one thread, as the grader's ranks do (ranks.py): this pytest worker may
+    have run OpenMP regions on several threads already, and a forked child that enters one then
+    waits forever for the parent's pool threads, which the fork did not copy."""
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: no pytest, no torch work beyond this
         os.close(reader)
         try:
+            torch.set_num_threads(1)
             if not stop:
                 os.kill = lambda *a: None  # a submission that patched the stop away
             outside.prepare_rank()
@@ -47,12 +57,20 @@ def _read_child(allocate_mb: int, stop: bool = True) -> list[dict]:
             os._exit(0)
     os.close(writer)
     buffer, readings = bytearray(), []
-    while chunk := os.read(reader, 1 << 16):
-        buffer += chunk
-        outside.take_pauses(buffer, pid, readings, _frame)
-    os.close(reader)
-    os.waitpid(pid, 0)
-    return readings
+    deadline = time.monotonic() + CHILD_DEADLINE_S
+    try:
+        while True:
+            if not select.select([reader], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                pytest.fail(f"the forked child wrote nothing for {CHILD_DEADLINE_S:.0f} s; its readings so far: {readings}")
+            if not (chunk := os.read(reader, 1 << 16)):
+                return readings
+            buffer += chunk
+            outside.take_pauses(buffer, pid, readings, _frame)
+    finally:
+        os.close(reader)
+        if not os.waitpid(pid, os.WNOHANG)[0]:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
 
 
 def test_memory_a_process_keeps_is_read_from_outside():
