@@ -64,7 +64,7 @@ def _own_v1_parent() -> Path | None:
     """A folder for this process's ranks beside it in the v1 memory hierarchy (root), removed at exit."""
     if not (V1_MEMORY / "memory.usage_in_bytes").exists():
         return None
-    own = v1_path("memory")
+    own = own_path("memory")
     if own is None:
         return None
     base = V1_MEMORY / own.lstrip("/")
@@ -78,15 +78,16 @@ def _own_v1_parent() -> Path | None:
     return folder
 
 
-def v1_path(controller: str) -> str | None:
-    """This process's cgroup in the v1 hierarchy of ``controller``, as /proc/self/cgroup names it."""
+def own_path(controller: str | None) -> str | None:
+    """This process's cgroup as /proc/self/cgroup names it: in the v1 hierarchy of ``controller``,
+    or the unified (v2) one when ``controller`` is None."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
         return None
     for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if controller in controllers.split(","):
+        number, controllers, path = line.split(":", 2)
+        if (controller is None and number == "0") or (controller and controller in controllers.split(",")):
             return path
     return None
 

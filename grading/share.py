@@ -85,19 +85,6 @@ class Share:
                       key=lambda p: len(p.parts))
 
 
-def _own(controller: str | None) -> str | None:
-    """This process's cgroup path in the hierarchy of ``controller`` (None: the unified one)."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        number, controllers, path = line.split(":", 2)
-        if (controller is None and number == "0") or (controller and controller in controllers.split(",")):
-            return path
-    return None
-
-
 def _v1_mount(controller: str) -> Path | None:
     """Where the v1 hierarchy of ``controller`` is mounted, if its root is this namespace's."""
     try:
@@ -141,7 +128,7 @@ def make(token: str) -> Share:
     """The run's cgroup beside this grader's own (where it may make one), else an empty Share."""
     name = f"grading-{os.getpid()}-{token[:12]}"
     if (CGROUP / "cgroup.controllers").exists():  # v2
-        own = _own(None)
+        own = rank_cgroups.own_path(None)
         parent = CGROUP / (own or "/").lstrip("/")
         try:
             enabled = (parent / "cgroup.subtree_control").read_text().split()
@@ -160,7 +147,7 @@ def make(token: str) -> Share:
         return Share()
     made = []
     for controller, settings in (("cpu", {"cpu.shares": str(V1_SHARES)}), ("pids", {"pids.max": str(MAX_TASKS)})):
-        mount, own = _v1_mount(controller), _own(controller)
+        mount, own = _v1_mount(controller), rank_cgroups.own_path(controller)
         if mount is None or own is None:
             continue
         folder = mount / own.lstrip("/") / name
@@ -169,7 +156,7 @@ def make(token: str) -> Share:
     if len(made) < 2:
         Share(made).remove()
         return Share()
-    mount, own = _v1_mount("memory"), _own("memory")
+    mount, own = _v1_mount("memory"), rank_cgroups.own_path("memory")
     if mount is not None and own is not None and _make(mount / own.lstrip("/") / name, {}):
         return Share([*made, mount / own.lstrip("/") / name], "cgroup v1", memory=mount / own.lstrip("/") / name)
     return Share(made, "cgroup v1")
