@@ -38,9 +38,8 @@ def format_records(records: list[FsdpOptionRecord]) -> str:
               "activ MB ours/torch"]
     rows = []
     for r in records:
-        interval = f" [{r.ratio_ci95[0]:.2f}, {r.ratio_ci95[1]:.2f}]" if r.ratio_ci95 else ""
         rows.append([r.option, cli.in_ms(r.ours_median_s), cli.in_ms(r.torch_median_s),
-                     f"{r.ratio_median:.2f}{interval}",
+                     cli.ratio_cell(r.ratio_median, r.ratio_ci95),
                      f"{cli.in_mb(r.ours_resident_bytes)}/{cli.in_mb(r.torch_resident_bytes)}",
                      f"{cli.in_mb(r.ours_peak_bytes)}/{cli.in_mb(r.torch_peak_bytes)}",
                      f"{cli.in_mb(r.ours_activation_peak_bytes)}/{cli.in_mb(r.torch_activation_peak_bytes)}"])

@@ -127,3 +127,37 @@ def test_spec_rejects_what_the_executor_cannot_run():
         SlurmJobSpec(nodes=2, cluster="local").validate()
     with pytest.raises(ValueError, match="tasks_per_node must be >= 1, got 0"):
         SlurmJobSpec(tasks_per_node=0).validate()
+
+
+class _Setting:
+    """A stand-in LaunchSetting: 3 ranks of gloo on the CPU, or one that its check refuses."""
+
+    world_size, backend, device = 3, "gloo", "cpu"
+
+    def __init__(self, refused: bool = False):
+        self.refused = refused
+
+    def validate(self) -> None:
+        if self.refused:
+            raise ValueError("--global-batch 5 does not split over 3 ranks")
+
+
+def test_run_setting_checks_before_any_rank_starts_and_returns_rank_0s(monkeypatch):
+    """A benchmark's run (launch.run_setting): a refused setting raises its ValueError with no rank
+    started; an accepted one starts the setting's ranks with its backend, device and the two time
+    limits, and returns rank 0's result."""
+    from cs336_systems.launch import spawn
+
+    calls = []
+
+    def fake_run_ranks(fn, world_size, args=(), **kwargs):
+        calls.append((fn, world_size, args, kwargs))
+        return [f"rank {r}" for r in range(world_size)]
+
+    monkeypatch.setattr(spawn, "run_ranks", fake_run_ranks)
+    with pytest.raises(ValueError, match="does not split"):
+        spawn.run_setting(print, _Setting(refused=True))
+    assert calls == []
+    setting = _Setting()
+    assert spawn.run_setting(print, setting, 60, 120) == "rank 0"
+    assert calls == [(print, 3, (setting,), {"backend": "gloo", "device_type": "cpu", "timeout_s": 60, "join_timeout_s": 120})]

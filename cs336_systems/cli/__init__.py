@@ -47,4 +47,4 @@ from cs336_systems.cli.options import (
     positive,
     switch,
 )
-from cs336_systems.cli.parser import Parser, format_table, in_mb, in_ms, stops_cleanly
+from cs336_systems.cli.parser import Parser, format_table, in_mb, in_ms, ratio_cell, stops_cleanly

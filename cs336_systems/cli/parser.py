@@ -141,6 +141,11 @@ def in_ms(seconds: float | None) -> str | None:
     return None if seconds is None else f"{1e3 * seconds:.1f}"
 
 
+def ratio_cell(median: float, interval: Sequence[float] | None) -> str:
+    """A median ratio as a table cell, with its 95% interval when there is one: "0.78 [0.71, 0.84]"."""
+    return f"{median:.2f}" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+
 def in_mb(n_bytes: float | None) -> str | None:
     """A size as a table cell, in MB of 2**20 bytes (None stays None: format_table shows "-")."""
     return None if n_bytes is None else f"{n_bytes / MB:.1f}"

@@ -2,7 +2,8 @@
 
 * context.py  RankContext; device, backend and thread choices, checked before anything starts
 * env.py      joining a process group from torchrun-style variables, and leaving it
-* spawn.py    launch(): spawn ranks here; run_ranks(): spawn, or be one rank of a launcher
+* spawn.py    launch(): spawn ranks here; run_ranks(): spawn, or be one rank of a launcher;
+              run_setting(): a benchmark's ranks from its setting
 * signals.py  SIGTERM/SIGINT stop every rank; ranks die with their launcher
 * lifetime.py why finished gloo ranks aborted at exit; a group freed at teardown; exit_rank()
 * slurm.py    running a script as the ranks of a SLURM job (submitit)
@@ -27,4 +28,4 @@ from cs336_systems.launch.env import (
 )
 from cs336_systems.launch.lifetime import exit_rank, gloo_workers_alive
 from cs336_systems.launch.signals import Interrupted
-from cs336_systems.launch.spawn import RankFailedError, launch, run_ranks
+from cs336_systems.launch.spawn import RankFailedError, launch, run_ranks, run_setting

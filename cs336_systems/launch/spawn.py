@@ -199,3 +199,13 @@ def run_ranks(
         )
         return [run_then_teardown(fn, ctx, args)]
     return launch(fn, world_size, args, **launch_kwargs)
+
+
+def run_setting(fn: Callable[..., Any], setting: Any, timeout_s: float = 600, join_timeout_s: float = 3600) -> Any:
+    """A benchmark's run from its setting (a LaunchSetting): checked before any process starts
+    (ValueError), ``fn(ctx, setting)`` run on every rank with the setting's world size, backend and
+    device (:func:`run_ranks`), and rank 0's result; the benchmarks make every rank return the
+    same one. ``timeout_s`` bounds one collective, ``join_timeout_s`` the whole run."""
+    setting.validate()
+    return run_ranks(fn, setting.world_size, args=(setting,), backend=setting.backend, device_type=setting.device,
+                     timeout_s=timeout_s, join_timeout_s=join_timeout_s)[0]

@@ -49,6 +49,11 @@ def ms_interval(interval_s: Sequence[float] | None) -> str:
     return "–" if not interval_s else f"{ms(interval_s[0])} to {ms(interval_s[1])}"
 
 
+def ratio_interval(interval: Sequence[float] | None) -> str:
+    """A ratio's (low, high) 95% interval as "[0.71, 0.84]"; "–" when there is none (too few rounds)."""
+    return "–" if not interval else f"[{interval[0]:.2f}, {interval[1]:.2f}]"
+
+
 def us(seconds: float | None, digits: int = 3) -> str:
     """Seconds shown in microseconds."""
     return sig(None if seconds is None else seconds * 1e6, digits)

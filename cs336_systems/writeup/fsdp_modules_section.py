@@ -25,9 +25,8 @@ def _run(results) -> dict:
     records: list[FsdpModuleRecord] = results.records
     rows = []
     for r in records:
-        interval = f"[{r.ratio_ci95[0]:.2f}, {r.ratio_ci95[1]:.2f}]" if r.ratio_ci95 else "–"
         rows.append([r.case, r.description, f"{r.n_parameters / 1e6:.3g}M", fmt.ms(r.ours_median_s),
-                     fmt.ms(r.torch_median_s), f"{r.ratio_median:.2f}", interval, ratio_reading(r),
+                     fmt.ms(r.torch_median_s), f"{r.ratio_median:.2f}", fmt.ratio_interval(r.ratio_ci95), ratio_reading(r),
                      f"{fmt.mb(r.ours_resident_bytes)} / {fmt.mb(r.torch_resident_bytes)}",
                      "yes" if bytes_within(r.ours_resident_bytes, r.torch_resident_bytes) else "no",
                      f"{fmt.mb(r.ours_peak_bytes)} / {fmt.mb(r.torch_peak_bytes)}", f"{r.max_weight_difference:.1e}"])

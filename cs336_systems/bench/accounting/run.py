@@ -44,7 +44,7 @@ from cs336_systems.bench.accounting.setting import AccountingSetting
 from cs336_systems.bench.workload import Workload, build_workload
 from cs336_systems.comm.timing import slowest_rank, small_tensor_device, sync_device
 from cs336_systems.ddp import NaiveDDP
-from cs336_systems.launch import RankContext, run_ranks
+from cs336_systems.launch import RankContext, run_setting
 from cs336_systems.zero import ShardedOptimizer
 
 
@@ -238,7 +238,4 @@ def accounting_rank(ctx: RankContext, setting: AccountingSetting) -> AccountingR
 def run_accounting(setting: AccountingSetting) -> AccountingRun:
     """One record per (configuration, rank), in one process group (spawned here, or this
     process's under torchrun or SLURM)."""
-    return run_ranks(
-        accounting_rank, setting.world_size, (setting,),
-        backend=setting.backend, device_type=setting.device, timeout_s=600, join_timeout_s=3600,
-    )[0]
+    return run_setting(accounting_rank, setting)

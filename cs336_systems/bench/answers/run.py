@@ -35,7 +35,7 @@ from cs336_systems.bench.workload import Workload, WorkloadSetting, build_worklo
 from cs336_systems.comm.timing import slowest_rank, small_tensor_device
 from cs336_systems.ddp import VARIANTS, BucketedDDP
 from cs336_systems.ddp.auto_bucket import DEFAULT_BUCKET_MB
-from cs336_systems.launch import RankContext, run_ranks
+from cs336_systems.launch import RankContext, run_setting
 from cs336_systems.zero import ShardedOptimizer
 
 RANK_TIMEOUT_S = 600
@@ -139,7 +139,4 @@ def _benchmark_rank(ctx: RankContext, setting: AnswersSetting) -> BenchmarkRun:
 def run_answers_benchmark(setting: AnswersSetting) -> BenchmarkRun:
     """Run it: spawn the ranks here, or be one rank under torchrun/SLURM; every rank returns the
     same records (slowest rank per step)."""
-    setting.validate()
-    results = run_ranks(_benchmark_rank, setting.world_size, args=(setting,), backend=setting.backend,
-                        device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S)
-    return results[0]
+    return run_setting(_benchmark_rank, setting, RANK_TIMEOUT_S, RUN_TIMEOUT_S)

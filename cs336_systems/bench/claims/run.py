@@ -33,7 +33,7 @@ from cs336_systems.bench.script import BenchmarkRun
 from cs336_systems.bench.step.setting import LEARNING_RATE
 from cs336_systems.bench.workload import build_workload
 from cs336_systems.comm.timing import slowest_rank, small_tensor_device, sync_device
-from cs336_systems.launch import RankContext, run_ranks
+from cs336_systems.launch import RankContext, run_ranks, run_setting
 
 RANK_TIMEOUT_S = 600
 RUN_TIMEOUT_S = 3600
@@ -270,9 +270,6 @@ def run_fits_per_process(setting: ClaimsSetting) -> ClaimsRun:
 
 def run_claims_benchmark(setting: ClaimsSetting) -> ClaimsRun:
     """Spawn the ranks here, or be one rank under torchrun/SLURM; every rank returns the same figures."""
-    setting.validate()
     if setting.fit_per_process:
         return run_fits_per_process(setting)
-    results = run_ranks(_claims_rank, setting.world_size, args=(setting,), backend=setting.backend,
-                        device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S)
-    return results[0]
+    return run_setting(_claims_rank, setting, RANK_TIMEOUT_S, RUN_TIMEOUT_S)

@@ -28,7 +28,7 @@ from cs336_systems.bench.workload import Workload, shard_rows
 from cs336_systems.comm.timing import slowest_rank, small_tensor_device
 from cs336_systems.ddp import AutoBucketedDDP, BucketedDDP
 from cs336_systems.ddp.auto_bucket import DEFAULT_BUCKET_BYTES
-from cs336_systems.launch import RankContext, run_ranks
+from cs336_systems.launch import RankContext, run_setting
 from cs336_systems.units import MB
 
 AUTO_VARIANT = BUCKETED_PREFIX + AUTO
@@ -133,7 +133,4 @@ def run_family_benchmark(setting: FamilySetting) -> FamilyRun:
     ValueError for a setting that cannot run (before any process starts); every rank returns
     the same figures (slowest rank per step).
     """
-    setting.validate()
-    results = run_ranks(_family_rank, setting.world_size, args=(setting,), backend=setting.backend,
-                        device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S)
-    return results[0]
+    return run_setting(_family_rank, setting, RANK_TIMEOUT_S, RUN_TIMEOUT_S)

@@ -31,7 +31,7 @@ from cs336_systems.bench.script import BenchmarkRun
 from cs336_systems.bench.stats import median_interval
 from cs336_systems.bench.workload import Workload, shard_rows
 from cs336_systems.comm.timing import slowest_rank, small_tensor_device, sync_device
-from cs336_systems.launch import RankContext, run_ranks
+from cs336_systems.launch import RankContext, run_setting
 from cs336_systems.launch.setting import LaunchSetting
 from cs336_systems.results.schema import Record
 
@@ -174,9 +174,4 @@ def _benchmark_rank(ctx: RankContext, setting: FsdpModulesSetting) -> BenchmarkR
 def run_fsdp_modules_benchmark(setting: FsdpModulesSetting) -> BenchmarkRun:
     """Run it: spawn the ranks here, or be one rank under torchrun/SLURM (every rank returns the
     same records)."""
-    setting.validate()
-    results = run_ranks(
-        _benchmark_rank, setting.world_size, args=(setting,), backend=setting.backend,
-        device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S,
-    )
-    return results[0]
+    return run_setting(_benchmark_rank, setting, RANK_TIMEOUT_S, RUN_TIMEOUT_S)

@@ -30,7 +30,7 @@ from cs336_systems.bench.fsdp.summarize import Measured, summarize
 from cs336_systems.bench.fsdp.tracing import StepTracer
 from cs336_systems.bench.workload import Workload, build_workload
 from cs336_systems.comm.timing import slowest_rank, small_tensor_device, sync_device
-from cs336_systems.launch import RankContext, run_ranks
+from cs336_systems.launch import RankContext, run_setting
 
 RANK_TIMEOUT_S = 600  # one collective on a loaded machine with a large model
 RUN_TIMEOUT_S = 3600  # the whole run
@@ -141,9 +141,4 @@ def run_fsdp_benchmark(setting: FsdpSetting) -> FsdpRun:
     ValueError for a setting that cannot run (before any process starts); every rank returns
     the same timings (slowest rank per step) and memory (largest rank's).
     """
-    setting.validate()
-    results = run_ranks(
-        _benchmark_rank, setting.world_size, args=(setting,), backend=setting.backend,
-        device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S,
-    )
-    return results[0]
+    return run_setting(_benchmark_rank, setting, RANK_TIMEOUT_S, RUN_TIMEOUT_S)

@@ -45,7 +45,7 @@ from cs336_systems.bench.step.variants import (
 from cs336_systems.bench.workload import Workload, build_workload
 from cs336_systems.comm.timing import slowest_rank, small_tensor_device, sync_compute_stream, sync_device
 from cs336_systems.ddp import AutoBucketedDDP, BucketedDDP
-from cs336_systems.launch import RankContext, run_ranks
+from cs336_systems.launch import RankContext, run_setting
 
 RANK_TIMEOUT_S = 600  # one collective on a loaded machine with a large model
 RUN_TIMEOUT_S = 3600  # the whole run
@@ -254,9 +254,4 @@ def run_step_benchmark(setting: StepSetting) -> StepRun:
     ValueError for a setting that cannot run (before any process starts); every rank returns
     the same figures (slowest rank per step).
     """
-    setting.validate()
-    results = run_ranks(
-        _benchmark_rank, setting.world_size, args=(setting,), backend=setting.backend,
-        device_type=setting.device, timeout_s=RANK_TIMEOUT_S, join_timeout_s=RUN_TIMEOUT_S,
-    )
-    return results[0]
+    return run_setting(_benchmark_rank, setting, RANK_TIMEOUT_S, RUN_TIMEOUT_S)
