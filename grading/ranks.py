@@ -179,6 +179,10 @@ def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payloa
         store = dist.FileStore(store_path, world_size)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=TEST_TIMEOUT_S + 30))  # the deadline comes first
+        # Every rank connected before any runs the submission: gloo's init has no barrier, and a
+        # rank whose test ended before its first collective (or before any) left its peer still
+        # connecting, which failed there with "connection closed by peer", a start-up failure.
+        dist.barrier()
         started = True
         ctx = Rank(rank, world_size, writer.fileno(), release.fileno() if release is not None else -1)
         report: dict = {"value": fn(ctx, wire.decode(payload))}
