@@ -47,6 +47,16 @@ def mb(n: float) -> str:
 IMPORT_ALLOWANCE = 1 * MB
 
 
+def confirmed(found: str, again) -> str:
+    """A memory finding costs points only when a second measured run finds it too (``again``: that
+    run's finding, called only if ``found``), and the TA reads the second. A correct rank's reading
+    was once seen over its bound in about 70 runs of the answers' FSDP at 2 ranks on a quiet
+    machine (1.8 MB above its usual at every pause of that run, cause not found); a solution that
+    keeps what a check looks for exceeds its bound in every run. The price: one that keeps it in
+    only some runs must be caught twice in a row."""
+    return again() if found else ""
+
+
 def held(report: dict, rank: int, prefix: str) -> list[tuple[str, int]] | str:
     """(label, bytes held) at each pause whose label starts with ``prefix``, beyond the first pause
     (and what the submission's import holds, up to ``IMPORT_ALLOWANCE``); or the finding that a

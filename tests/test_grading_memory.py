@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from grading import outside
-from grading.memory import FREED_HANDOUT, MB, freed_finding, state_finding, weights_finding
+from grading.memory import FREED_HANDOUT, MB, confirmed, freed_finding, state_finding, weights_finding
 from grading.problems import named_for
 from grading.ranks import _frame
 
@@ -90,6 +90,19 @@ def test_a_process_that_does_not_stop_is_not_read(monkeypatch):
     assert readings and all("bytes" not in r for r in readings), readings
     found = state_finding([{"outside": readings}] * 2, 12 * MB, 6 * MB, "optimizer_state_sharding", "over")
     assert "did not stop at the grader's pause" in found and named_for("optimizer_state_sharding") in found
+
+
+def test_a_memory_finding_stands_only_when_a_second_run_finds_it():
+    """No finding: no second run. A finding the second run does not repeat (a correct rank's
+    outlier): none. One it repeats: the second run's, which the TA reads."""
+    runs = []
+
+    def again(found: str):
+        return lambda: runs.append(found) or found
+
+    assert confirmed("", again("never")) == "" and runs == []
+    assert confirmed("rank 1 holds 15.8 MB", again("")) == "" and runs == [""]
+    assert confirmed("rank 1 holds 18.9 MB", again("rank 1 holds 18.8 MB")) == "rank 1 holds 18.8 MB"
 
 
 def _report(base: int, **held_mb: list[float]) -> dict:

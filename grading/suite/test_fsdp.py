@@ -10,7 +10,7 @@ import pytest
 
 from grading import carried
 from grading.checks import FSDPCase, findings, run_fsdp
-from grading.memory import freed_finding, weights_finding
+from grading.memory import confirmed, freed_finding, weights_finding
 from grading.models import LMShape
 
 PROBLEM = "fsdp"
@@ -76,8 +76,11 @@ def test_parameters_are_sharded(ranks, world_size, repetition):
     rank keeps 1/world size of each Linear and Embedding weight between steps (its memory read
     from outside, on a model whose four weights are of one size, so any one kept whole shows); it
     still trains as single-process training does."""
+    def finding(run):
+        return weights_finding(run.reports, run.weights, run.replicated, PROBLEM, run.calibration)
+
     run = measured(ranks, world_size, repetition)
-    findings(weights_finding(run.reports, run.weights, run.replicated, PROBLEM, run.calibration), run.mismatch)
+    findings(confirmed(finding(run), lambda: finding(run_fsdp(ranks, world_size, MEASURED))), run.mismatch)
 
 
 def test_gathered_weights_are_freed(ranks, repetition):
@@ -86,8 +89,11 @@ def test_gathered_weights_are_freed(ranks, repetition):
     rank holds its shards, the activations and at most one gathered weight in flight (its memory
     read from outside). Autograd keeps a gathered weight that a matmul saved unless backward
     gathers it again (the answers do, with saved-tensor hooks: cs336_systems/answers/fsdp.py)."""
+    def finding(run):
+        return freed_finding(run.reports, run.weights, run.activations, PROBLEM)
+
     run = measured(ranks, 3, repetition)
-    findings(freed_finding(run.reports, run.weights, run.activations, PROBLEM), run.mismatch)
+    findings(confirmed(finding(run), lambda: finding(run_fsdp(ranks, 3, MEASURED))), run.mismatch)
 
 
 @pytest.mark.loopback

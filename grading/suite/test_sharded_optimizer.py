@@ -9,18 +9,19 @@ parameters, read by the grader from outside the rank while it is stopped after e
 import pytest
 
 from grading.checks import ZeroCase, findings, run_sharded_optimizer
-from grading.memory import state_finding
+from grading.memory import confirmed, state_finding
 
 PROBLEM = "optimizer_state_sharding"
 pytestmark = pytest.mark.problem(PROBLEM)
 
 
+MEASURED = ZeroCase(measure_state=True)
 _measured: dict[tuple[int, int], object] = {}  # (world size, repetition) -> its run: one run serves both checks
 
 
 def measured(ranks, world_size: int, repetition: int):
     if (world_size, repetition) not in _measured:
-        _measured[world_size, repetition] = run_sharded_optimizer(ranks, world_size, ZeroCase(measure_state=True))
+        _measured[world_size, repetition] = run_sharded_optimizer(ranks, world_size, MEASURED)
     return _measured[world_size, repetition]
 
 
@@ -59,8 +60,11 @@ def test_state_is_sharded(ranks, world_size, repetition):
     """handout: "these parameters will be sharded across all the ranks": no rank keeps much more
     than the optimizer state of 1/world size of the parameters (its memory read from outside), and
     it still trains as the unsharded one."""
+    def finding(run):
+        return state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "over", run.calibration)
+
     run = measured(ranks, world_size, repetition)
-    findings(state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "over", run.calibration), run.mismatch)
+    findings(confirmed(finding(run), lambda: finding(run_sharded_optimizer(ranks, world_size, MEASURED))), run.mismatch)
 
 
 def test_every_rank_keeps_its_share(ranks, repetition):
@@ -68,5 +72,8 @@ def test_every_rank_keeps_its_share(ranks, repetition):
     rank holds a share of the optimizer state, at least a third of 1/world size (its memory read
     from outside; a partition written for 2 ranks leaves the third without), and it still trains
     as the unsharded one."""
+    def finding(run):
+        return state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "under", run.calibration)
+
     run = measured(ranks, 3, repetition)
-    findings(state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "under", run.calibration), run.mismatch)
+    findings(confirmed(finding(run), lambda: finding(run_sharded_optimizer(ranks, 3, MEASURED))), run.mismatch)
