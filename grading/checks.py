@@ -344,9 +344,11 @@ def run_fsdp(ranks, world_size: int, case: FSDPCase) -> Run:
     # patched torch's generator only fills its own model wrongly, and fails the comparison).
     seed = int.from_bytes(os.urandom(8), "little") >> 1
     init = models.lm_init(case.shape, torch.Generator().manual_seed(seed) if case.measure else g)
-    tokens = (torch.cat([b["ids"].reshape(-1) for b in batches]).unique(), case.shape.d_model)
-    sample = draw_sample({k.split(".")[0]: v.numel() for k, v in init.items() if v.dim() == 2}, g,
-                         {"embedding": tokens}) if case.measure else None
+    sample = None
+    if case.measure:  # the embedding's sample partly in the rows the batches' tokens use (draw_sample)
+        tokens = torch.cat([b["ids"].reshape(-1) for b in batches]).unique()
+        sample = draw_sample({k.split(".")[0]: v.numel() for k, v in init.items() if v.dim() == 2}, g,
+                             {"embedding": (tokens, case.shape.d_model)})
     job = {"case": {"optimizer": case.optimizer, "shape": asdict(case.shape), "compute_dtype": case.compute_dtype,
                     "measure": case.measure, "traffic": case.traffic}, "sample": sample, **({"init_seed": seed} if case.measure else {"init": init})}
     sent, releases = carried.batches_at_holds(batches, world_size, shard) if case.traffic else (batches, None)
