@@ -38,7 +38,7 @@ from grading.harness import GRADER_DIR, grader_commit
 ROOT = GRADER_DIR.parent
 LEFT_OUT = ("torch", "nvidia-", "cuda-")  # the CPU build of torch comes from its own index
 
-DEFAULT_REPEATS = 2  # runs per test: fits Gradescope's 10 minutes at half a CPU (README, "Gradescope")
+DEFAULT_REPEATS = 2  # runs per test: fits Gradescope's 10 minutes at half a CPU (grading/README.md, "Gradescope")
 DEFAULT_TIME_LIMIT_S = 540  # the whole submission: results are written before Gradescope's 10 minutes
 COURSE_EDITIONS, DEFAULT_EDITION = ("2026", "2025"), "2026"
 INSTALLED = "installed.txt"  # what setup.sh installed (pip freeze), beside grading/ in the source folder

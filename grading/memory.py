@@ -10,7 +10,7 @@ a file or a pipe included (the last three only with a cgroup). What a rank holds
 grader's (its model, autograd's and gloo's buffers) is measured in the same grading, by ranks
 of the grader's own at the same sizes and pauses with no submission code (``calibrated``). The
 models are sized so that what each check looks for is many megabytes, several times the spread
-of that difference over runs of a correct solution under load (README, "How sharding is
+of that difference over runs of a correct solution under load (grading/README.md, "How sharding is
 measured"); each bound lies halfway between what a correct solution holds and what the weakest
 solution it must catch holds.
 

@@ -1,6 +1,7 @@
 """The README's examples run as written (issue 41, item 8).
 
-Every ```python block of README.md is run, unchanged, on each of 2 gloo ranks (the blocks say
+Every ```python block of README.md and of the pages it links (the DDP, FSDP and Lightning
+recipes) is run, unchanged, on each of 2 gloo ranks (the blocks say
 "on every rank once the process group is up", which is what ``launch`` gives them), each in a
 fresh namespace, in a scratch folder as working directory (the checkpoint example writes
 ``checkpoints/fsdp`` there). "Problem 2 in one command" runs as a shell command from the
@@ -22,24 +23,29 @@ from cs336_systems.launch import RankContext, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# The README and the pages of recipes it links, in the order a reader meets them.
+PAGES = [README, *(ROOT / "cs336_systems" / name / "README.md" for name in ("ddp", "fsdp", "lightning"))]
 FENCE = re.compile(r"^```(\w+)\n(.*?)^```$", re.S | re.M)
 
 pytestmark = [pytest.mark.problem("beyond"), pytest.mark.timeout(300)]
 
 
-def blocks(language: str) -> list[tuple[int, str]]:
-    """(first line number, source) of every block fenced as ``language``."""
-    text = README.read_text()
-    return [(text.count("\n", 0, m.start()) + 2, m.group(2)) for m in FENCE.finditer(text)
-            if m.group(1) == language]
+def blocks(language: str) -> list[tuple[str, str]]:
+    """("page, block at line N", source) of every block fenced as ``language``, page by page."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        found += [(f"{page.relative_to(ROOT)}, block at line {text.count(chr(10), 0, m.start()) + 2}", m.group(2))
+                  for m in FENCE.finditer(text) if m.group(1) == language]
+    return found
 
 
-def run_blocks(ctx: RankContext, sources: list[tuple[int, str]], folder: str) -> list[int]:
+def run_blocks(ctx: RankContext, sources: list[tuple[str, str]], folder: str) -> list[str]:
     os.chdir(folder)
     ran = []
     for line, source in sources:
         namespace = {"__name__": "__readme__"}
-        exec(compile(source, f"README.md, block at line {line}", "exec"), namespace)
+        exec(compile(source, line, "exec"), namespace)
         ran.append(line)
     return ran
 

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 # Imported before any test creates its process group, so that torch does not pin the default
-# group until interpreter exit, where gloo's workers can abort a finished rank (README: "Ranks
+# group until interpreter exit, where gloo's workers can abort a finished rank (cs336_systems/launch/README.md: "Ranks
 # that die at exit").
 import torch.distributed.nn  # noqa: F401
 

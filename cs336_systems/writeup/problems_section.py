@@ -41,7 +41,7 @@ def _status(grade: GradeRecord | None, deliverable: str = CODE, where: tuple[str
     return text
 
 
-# The reliability tests, and what one of their cases is (README.md, "Reliability").
+# The reliability tests, and what one of their cases is (cs336_systems/launch/README.md, "Reliability").
 RELIABILITY = (
     ("tests/test_bad_inputs.py", "bad values fed to the flags of every script (each must exit 2 with one line "
                                  "naming the flag, before any process starts)"),
