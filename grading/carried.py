@@ -36,6 +36,9 @@ from grading.problems import named_for
 from grading.ranks import Rank
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce")
+# The calibration's tiny all-reduces (one float each): what a packet carries beyond its payload
+# (IP and TCP headers, gloo's per-message header, the acknowledgements), in bytes per packet.
+TINY = 200
 # gloo's reduce_scatter_tensor carries what its all_reduce carries (measured in a namespace like the
 # grader's: 2.003 and 2.003 bytes per payload byte at 2 ranks, 4.007 and 4.006 at 3; all_gather
 # 1.002 and 2.004): on gloo the bytes cannot tell them apart, and the backward is held to one
@@ -65,6 +68,9 @@ def collective_loop(ctx: Rank, job: dict) -> dict:
     for t in tensors:
         dist.all_reduce(t)
     ctx.hold("calibration: all_reduce")
+    for _ in range(TINY):
+        dist.all_reduce(torch.zeros(1))
+    ctx.hold("calibration: tiny")
     return {}
 
 
@@ -74,25 +80,29 @@ def calibrate(ranks, world_size: int, numels: list[int]) -> dict[str, float]:
     key = (world_size, tuple(numels))
     if key not in _calibrated:
         reports = ranks(collective_loop, world_size, [wire.encode({"numels": numels})] * world_size)
-        readings = phases(reports[0].get("traffic", []), ["calibration: start", *(f"calibration: {k}" for k in KINDS)])
-        if isinstance(readings, str):
-            raise RuntimeError(f"grader error: the calibration's holds: {readings}")
+        labels = ["calibration: start", *(f"calibration: {k}" for k in KINDS), "calibration: tiny"]
+        readings = phases(reports[0].get("traffic", []), labels)
+        packets = phases(reports[0].get("traffic", []), labels, "packets")
+        if isinstance(readings, str) or isinstance(packets, str):
+            raise RuntimeError(f"grader error: the calibration's holds: {readings if isinstance(readings, str) else packets}")
         payload = 4 * sum(numels)
         _calibrated[key] = {kind: carried / payload for kind, carried in zip(KINDS, readings)}
+        _calibrated[key]["all_reduce_packets"] = packets[2]
+        _calibrated[key]["packet"] = readings[3] / max(1, packets[3])
     return _calibrated[key]
 
 
-def phases(readings: list[dict], labels: list[str]) -> list[int] | str:
-    """The bytes carried between consecutive ``labels``, from the grader's readings at holds; a
-    sentence instead when the holds were not the suite's (an error at one, a label missing,
-    repeated or out of order)."""
+def phases(readings: list[dict], labels: list[str], count: str = "bytes") -> list[int] | str:
+    """The bytes (or with ``count="packets"``, the packets) carried between consecutive
+    ``labels``, from the grader's readings at holds; a sentence instead when the holds were not
+    the suite's (an error at one, a label missing, repeated or out of order)."""
     errors = [r for r in readings if "error" in r]
     if errors:
         return f"hold {errors[0]['label']!r}: {errors[0]['error']}"
     seen = [r["label"] for r in readings]
     if seen != labels:
         return f"the ranks held at {seen}, where the suite holds at {labels}"
-    counts = [r["bytes"] for r in readings]
+    counts = [r.get(count, 0) for r in readings]
     return [b - a for a, b in zip(counts, counts[1:])]
 
 
@@ -202,9 +212,10 @@ def ddp_finding(reports: list[dict], calibration: dict[str, float], above: int, 
     carried the gradients once: at least half of all-reducing the ``above`` bytes by then, at
     most halfway from one all-reduce of every gradient (``total`` bytes) to two over the step."""
     between = phases(reports[0].get("traffic", []), ddp_labels(steps))
+    packets = phases(reports[0].get("traffic", []), ddp_labels(steps), "packets")
     missed = f"; gradients do not overlap backward {named_for(problem)}"
-    if isinstance(between, str):
-        return f"the loopback's bytes could not be attributed to backward: {between}{missed}"
+    if isinstance(between, str) or isinstance(packets, str):
+        return f"the loopback's bytes could not be attributed to backward: {between if isinstance(between, str) else packets}{missed}"
     once, early_needed = calibration["all_reduce"] * total, calibration["all_reduce"] * above
     for step in range(1, steps):
         early, late = between[3 * step], between[3 * step + 1]
@@ -212,15 +223,22 @@ def ddp_finding(reports: list[dict], calibration: dict[str, float], above: int, 
         # synchronisation ends in ddp_on_after_backward): the grader sends each step's batch with
         # that hold's release, so no byte of the step can be held back past it
         late += between[3 * step + 2] if 3 * step + 2 < len(between) else 0
+        sent = sum(packets[3 * step:3 * step + 3])
+        # A wrapper that sends the gradients in more, smaller messages than one all-reduce per
+        # gradient (chunks smaller than a bucket) pays each packet's headers: counted from
+        # outside, they are not gradients sent twice.
+        headers = max(0, sent - calibration.get("all_reduce_packets", sent)) * calibration.get("packet", 0)
         where = f"step {step + 1}"
         if early < EARLY * early_needed:
             return (f"{where}: when backward reached the first layer, the ranks had carried {mb(early)} over their "
                     f"loopback, under {EARLY:.0%} of all-reducing the gradients of the layers above it "
                     f"({mb(early_needed)}): "
                     f"the gradients ready were not sent while backward ran ({HANDOUT_OVERLAP}){missed}")
-        if early + late > 1.5 * once:
+        if early + late - headers > 1.5 * once:
             return (f"{where}: the ranks carried {mb(early + late)} over their loopback from forward to the next "
-                    f"step's forward, where all-reducing every gradient once carries {mb(once)}: what "
+                    f"step's forward ({mb(headers)} of it the headers of {sent} packets, more than the "
+                    f"{calibration.get('all_reduce_packets', 0):.0f} of one all-reduce per gradient), where all-reducing "
+                    f"every gradient once carries {mb(once)}: what "
                     f"was sent during backward did not average the gradients, they were sent again after "
                     f"({HANDOUT_OVERLAP}){missed}")
     return ""

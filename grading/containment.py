@@ -1,10 +1,10 @@
 """How one submission's run is contained, in each of the three ways a grader can run.
 
 * **root** (Gradescope, CI, a course's server): the fork server and every rank run as a student
-  uid of their own (student.py) that owns only the submission's scratch copy and home (both
-  mode 0700); the grader's files, OUT and other submissions' copies stay root's. Where root may
+  uid of their own (student.py) that owns only the ranks' home (mode 0700) and may read, not
+  write, the submission's scratch copy; the grader's files, OUT and other submissions' copies stay root's. Where root may
   also make namespaces (``unshare`` works: not in a default Docker container), the run has
-  private network, mount and PID namespaces as well, and the ranks their own view of the file
+  private network, mount, PID and IPC namespaces as well, and the ranks their own view of the file
   systems (sandbox.rank_view). At the end every process of the uid is killed at once, until
   none is left, and the files it left in world-writable folders are removed.
 * **a user with user namespaces**: private user, network, mount and PID namespaces; the ranks'
@@ -35,7 +35,8 @@ from pathlib import Path
 from grading import share, student
 
 REPOSITORY = Path(__file__).resolve().parent.parent  # the checkout (or Gradescope's source/) the grader runs from
-UNSHARE = ["unshare", "--net", "--pid", "--mount", "--mount-proc", "--fork", "--kill-child"]
+# The run's own network, PID, mount and IPC namespaces: System V objects die with the run.
+UNSHARE = ["unshare", "--net", "--pid", "--mount", "--ipc", "--mount-proc", "--fork", "--kill-child"]
 
 
 def namespaces_available() -> bool:
@@ -114,9 +115,9 @@ class Containment:
     def describe(self) -> str:
         parts = ["scratch copy, scrubbed environment, resource limits", self.share.describe()]
         if self.student:
-            parts.append(f"ranks as uid {self.student.uid} (owns only the scratch copy)")
+            parts.append(f"ranks as uid {self.student.uid} (owns only its home; the submission's copy read-only)")
         if self.namespaces:
-            parts.append("private network, mount and PID namespaces, read-only file systems, a private /dev")
+            parts.append("private network, mount, PID and IPC namespaces, read-only file systems but its home, a private /dev")
             parts.append("the bytes the ranks carry read by the grader from their own loopback (FSDP's phases, overlap)")
         else:
             parts.append("no loopback of their own: the bytes the ranks carry are not read")
@@ -132,7 +133,7 @@ class Containment:
         return {**env, **self.share.env()}
 
     def hand_over(self, scratch: Path, writable: list[Path], out: Path, hidden: list[Path],
-                  keep: list[Path]) -> dict[str, str]:
+                  keep: list[Path], readable: list[Path] = ()) -> dict[str, str]:
         """As root: the writable folders become the student uid's (0700), the scratch folder may
         be entered but not listed, and OUT's folder is root's alone. The variables that tell the
         fork server what the ranks' view covers and what it keeps in sight under those folders
@@ -142,6 +143,8 @@ class Containment:
         if self.student:
             for folder in writable:
                 student.give(folder, self.student.uid)
+            for folder in readable:
+                student.lend(folder)
             os.chmod(scratch, 0o711)
             os.chmod(out, 0o700)
         keep_real = sorted({os.path.realpath(p) for p in [*keep, *python] if os.path.exists(p)})

@@ -39,7 +39,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from grading import intake, report, selfcheck
+from grading import intake, report, review, selfcheck
 from grading.containment import Containment, ContainmentError, limit, namespaces_available, package_paths
 from grading.outcomes import SLOW_FRACTION, Outcomes
 from grading.problems import GRADED, hand_graded
@@ -122,7 +122,7 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
         if not notes:
             try:
                 entries, not_run = _run_suite(scratch, [Path(r) for r in found.roots], edition, repeats, limits,
-                                              containment, submission, out, only, select, deadline)
+                                              containment, submission, out, only, select, deadline, found.reaches)
             except ContainmentError as e:
                 notes = dict.fromkeys(GRADED[edition], f"not graded: {e}")
             failed_to_start = [e for e in entries if str(e.get("reason", "")).startswith(GRADER_FAILURE)]
@@ -207,7 +207,7 @@ def scratch_folder() -> tuple[Path, int]:
 
 def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, limits: Limits,
                containment: Containment, submission: Path, out: Path, only: tuple[str, ...] | None,
-               select: str | None, deadline: float) -> tuple[list[dict], str]:
+               select: str | None, deadline: float, reaches: list[str] = ()) -> tuple[list[dict], str]:
     """Run the suite on the submission in a contained process; the outcomes its plugin sent.
 
     pytest imports only the grader's copy (its path is that copy and site-packages: never the
@@ -220,10 +220,11 @@ def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, lim
     (grader / "pytest.ini").write_text("[pytest]\n")
     private.mkdir(mode=0o700)
     (home / "tmp").mkdir(parents=True)
-    writable = [scratch / "submission", home]
+    (home / "shm").mkdir()
+    writable = [home]  # the submission's copy is read-only to its ranks: storage only where the grader scrubs it
     view = containment.hand_over(scratch, writable, out, hidden=[scratch.parent, private, out.parent, out,
                                                                   submission.resolve().parent, GRADER_DIR.parent],
-                                 keep=[grader])
+                                 keep=[grader, scratch / "submission"], readable=[scratch / "submission"])
     packages = package_paths()  # where this Python's packages live beyond site-packages
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(private),
@@ -235,7 +236,8 @@ def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, lim
         "GRADING_TEST_TIMEOUT": str(limits.test_timeout_s),
         "GRADING_HIDE": str(GRADER_DIR.parent),  # this repository, if installed: never the submission's
         "GRADING_WRITABLE": os.pathsep.join(map(str, writable)),
-        "GRADING_RANK_SERVER": "1", "GRADING_RANK_TMPDIR": str(home / "tmp"),
+        "GRADING_RANK_SERVER": "1", "GRADING_RANK_TMPDIR": str(home / "tmp"), "GRADING_RANK_SHM": str(home / "shm"),
+        review.SOURCES_ENV: json.dumps(list(reaches)),
         **view, **containment.env(),
     }
     if only:

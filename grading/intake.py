@@ -39,6 +39,7 @@ class Intake:
     roots: list[str] = field(default_factory=list)
     remarks: list[str] = field(default_factory=list)  # grade.md's lines: packages missing, paths refused
     dropped: list[str] = field(default_factory=list)  # links and special files left out of the copy
+    reaches: list[str] = field(default_factory=list)  # source lines a hold for review names (review.scan)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -50,7 +51,8 @@ class Intake:
 
 def inspect(submission: Path, tree: Path, edition: str | None) -> Intake:
     """Unpack ``submission`` into ``tree`` and read what grading it needs (in this process)."""
-    from grading.files import unpack
+    from grading import review
+    from grading.files import read_regular, unpack
     from grading.submission import (adapters_file, detect_edition, find_root, implemented_adapters,
                                     missing_packages, python_roots, syntax_error)
 
@@ -79,6 +81,7 @@ def inspect(submission: Path, tree: Path, edition: str | None) -> Intake:
     remarks: list[str] = []
     found.roots = [str(r) for r in python_roots(root, remarks)]
     found.remarks = remarks + missing_packages(root, adapters, edition or detected)
+    found.reaches = review.scan(tree, read_regular)
     if dropped:
         shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
         found.remarks.append(f"Links and special files are not graded (left out of the copy): {shown}.")

@@ -1,18 +1,23 @@
 """Sharding judged from what a rank holds, read by the grader from outside the rank.
 
 Each rank of a measured test pauses (grading/outside.py): once before any of the submission's
-code runs, once its modules are imported, then at the points a check names; what a rank *holds*
-at a pause is its memory there (its memory cgroup's, rank_cgroups.py, where the grader could
-make one; else its resident memory) less its memory at the first pause and what the submission's
-import holds, up to ``IMPORT_ALLOWANCE``: everything the submission's code (and the suite's
-training loop beside it) made and kept, wherever it keeps it, a module global, a helper process,
-a file or a pipe included (the last three only with a cgroup). What a rank holds that is the
+code runs, once its modules are imported (the adapters, and for FSDP the course's model module),
+then at the points a check names; what a rank *holds* at a pause is its memory there (its memory
+cgroup's, rank_cgroups.py, where the grader could make one; else its resident memory) less its
+memory once imported. What a submission does before its model exists (its imports, a compiled
+function's machinery, plotting libraries, the course's model package) is never counted as what
+it stores; what a rank holds after that, wherever it keeps it (a module global, a helper
+process, a file or a pipe, the last three only with a cgroup), is. What a rank holds that is the
 grader's (its model, autograd's and gloo's buffers) is measured in the same grading, by ranks
 of the grader's own at the same sizes and pauses with no submission code (``calibrated``). The
 models are sized so that what each check looks for is many megabytes, several times the spread
 of that difference over runs of a correct solution under load (grading/README.md, "How sharding is
 measured"); each bound lies halfway between what a correct solution holds and what the weakest
 solution it must catch holds.
+
+A reading is one witness. Where another disagrees with it (the rank's own tensors against a
+reading over its bound; a rank whose memory falls below what it held once imported), the check
+neither caps nor passes: it holds the problem for a TA's review with both (grading/review.py).
 
 Every finding says the requirement, the megabytes seen against the bound, and what a correct
 solution and the weak one would hold, so a TA can check it. The largest tensors the
@@ -22,11 +27,13 @@ submission's object reaches, counted inside the rank, follow as a hint, labelled
 from __future__ import annotations
 
 import statistics
+from typing import Callable
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from grading import review
 from grading.outside import BEFORE, IMPORTED, KEY
 from grading.problems import named_for
 from grading.ranks import RankFailure, run_ranks
@@ -39,28 +46,104 @@ def mb(n: float) -> str:
     return f"{n / MB:.1f} MB"
 
 
-# What the submission's own import may hold without being counted: a measured rank pauses once its
-# modules are imported (``IMPORTED``), and what it holds there, up to this much, is taken as
-# theirs (the answers' adapters import 1.4 MB of modules: the FSDP check's margin at 2 ranks is
-# half a weight's shard, 1.55 MB). A forger that allocates at import a buffer for its state gains
-# at most this much: less than that margin, and a third of the optimizer check's.
-IMPORT_ALLOWANCE = 1 * MB
+# A rank whose memory falls this far below what it held once imported has given memory back that
+# it did not allocate (pages it shares with the fork server, returned with madvise, say): every
+# later reading is lowered by as much, so its readings are held for review, not trusted. A
+# correct rank's readings stay within 0.1 MB of it (the collection before each pause).
+SHRINK_ALLOWANCE = 1 * MB
 
 
-def confirmed(found: str, again) -> str:
-    """A memory finding costs points only when a second measured run finds it too (``again``: that
-    run's finding, called only if ``found``), and the TA reads the second. A correct rank's reading
-    was once seen over its bound in about 70 runs of the answers' FSDP at 2 ranks on a quiet
-    machine (1.8 MB above its usual at every pause of that run, cause not found); a solution that
-    keeps what a check looks for exceeds its bound in every run. The price: one that keeps it in
-    only some runs must be caught twice in a row."""
-    return again() if found else ""
+def judged(run, again: Callable[[], object], finding: Callable[[object], str],
+           inside: Callable[[object], str | None]) -> list[str]:
+    """A measured check's findings, every witness heard (review.py); ``run`` and what ``again``
+    returns are checks.Run, ``finding`` the reading's finding on one, ``inside`` what the ranks'
+    own tensors say of the same requirement (a finding, "" where they meet it, None where they
+    were not counted).
+
+    A reading over its bound costs points only when a second measured run, made then, finds it
+    too (a correct rank's reading was once seen over its bound in about 70 runs of the answers'
+    FSDP at 2 ranks, 1.8 MB above its usual at every pause, cause not found); that run is judged
+    whole, its training compared with the reference as the first's, so a submission gains nothing
+    by knowing which run matters. Where its ranks' own tensors meet the requirement, the reading
+    and they disagree: held for review with both. A reading within its bound is held for review
+    when another witness disagrees: the rank's own tensors, a memory that fell below what it held
+    once imported, tensors its modules made at import, or a source that reaches for what can
+    make a reading lie."""
+    first = finding(run)
+    if first:
+        rerun = again()
+        second, said = finding(rerun), inside(rerun)
+        if second and said == "":
+            return [rerun.mismatch, review.held("the reading from outside and the rank's own tensors disagree",
+                                                f"outside: {second}", f"inside: {inside_summary(rerun.reports)}")]
+        return [second, rerun.mismatch]
+    witnesses = [inside(run), shrank(run.reports), imported(run.reports), review.source_witness()]
+    if any(witnesses):
+        return [review.held("the reading from outside is within its bound, but another witness disagrees",
+                            f"outside: {outside_summary(run.reports)}", *witnesses)]
+    return []
+
+
+def inside_summary(reports: list[dict]) -> str:
+    return ", ".join(f"rank {r} reaches {mb(report['inside'])} of tensors" for r, report in enumerate(reports)
+                     if isinstance(report.get("inside"), int)) or "not counted"
+
+
+def outside_summary(reports: list[dict]) -> str:
+    """The least each rank held after its steps, beyond what it held once imported."""
+    parts = []
+    for rank, report in enumerate(reports):
+        steps = held(report, rank, "after step")
+        parts.append(f"rank {rank} {steps}" if isinstance(steps, str)
+                     else f"rank {rank} holds {mb(min(b for _, b in steps))} after its steps")
+    return ", ".join(parts)
+
+
+def imported(reports: list[dict]) -> str:
+    """The witness of tensors the submission's modules made at import (training.imported_tensors)."""
+    for rank, report in enumerate(reports):
+        if isinstance(report.get("imported"), int) and report["imported"] > SHRINK_ALLOWANCE:
+            return (f"rank {rank}'s modules hold {mb(report['imported'])} of tensors once imported, before any model "
+                    f"exists (largest: {report.get('imported_largest', '')}); memory made then is not read as stored")
+    return ""
+
+
+def inside_state(reports: list[dict], full_state: int, side: str) -> str | None:
+    """What the ranks' own tensors (the optimizer's state, counted inside) say of the state's
+    sharding, from ``side`` as state_finding."""
+    ws = len(reports)
+    counts = [r.get("inside") for r in reports]
+    if not all(isinstance(c, int) for c in counts):
+        return None
+    high, low = full_state * (1 / ws + STATE_OVER), full_state / ws * STATE_FLOOR
+    for rank, count in enumerate(counts):
+        if side == "over" and count > high:
+            return f"rank {rank}'s optimizer reaches {mb(count)} of state, over {mb(high)}"
+        if side == "under" and count < low:
+            return f"rank {rank}'s optimizer reaches {mb(count)} of state, under {mb(low)}"
+    return ""
+
+
+def inside_weights(reports: list[dict], weights: dict[str, int], replicated: int) -> str | None:
+    """What the ranks' own tensors (what the FSDP object reaches, counted inside) say of its
+    weights' sharding: over 1/ws of every weight, the replicated parameters and half a weight
+    kept whole is not sharded."""
+    ws = len(reports)
+    counts = [r.get("inside") for r in reports]
+    if not all(isinstance(c, int) for c in counts):
+        return None
+    bound = sum(weights.values()) / ws + replicated + min(weights.values()) * (1 - 1 / ws) / 2
+    for rank, count in enumerate(counts):
+        if count > bound:
+            return f"rank {rank}'s FSDP object reaches {mb(count)} of tensors, over {mb(bound)}"
+    return ""
 
 
 def held(report: dict, rank: int, prefix: str) -> list[tuple[str, int]] | str:
-    """(label, bytes held) at each pause whose label starts with ``prefix``, beyond the first pause
-    (and what the submission's import holds, up to ``IMPORT_ALLOWANCE``); or the finding that a
-    pause was not read (the rank did not stop: its memory could not be read from outside)."""
+    """(label, bytes held) at each pause whose label starts with ``prefix``, beyond what the rank
+    held once the submission's modules were imported (its first pause for the grader's own
+    ranks, which import nothing); or the finding that a pause was not read (the rank did not
+    stop: its memory could not be read from outside)."""
     readings = report.get(KEY) or []
     broken = [r["grader_error"] for r in readings if r.get("grader_error")]
     if broken:
@@ -72,12 +155,31 @@ def held(report: dict, rank: int, prefix: str) -> list[tuple[str, int]] | str:
         return (f"rank {rank} did not stop at the grader's pause '{unread[0]}' (the rank stops itself with SIGSTOP "
                 "while the grader reads its memory from outside): its memory could not be read")
     base = [r for r in readings if r["label"] == BEFORE]
-    imported = [r["bytes"] - base[0]["bytes"] for r in readings if r["label"] == IMPORTED][:1] if base else []
-    start = base[0]["bytes"] + min(max(imported + [0]), IMPORT_ALLOWANCE) if base else 0
-    found = [(r["label"], r["bytes"] - start) for r in readings if r["label"].startswith(prefix)] if base else []
+    start = ([r["bytes"] for r in readings if r["label"] == IMPORTED] + [r["bytes"] for r in base])[:1]
+    found = [(r["label"], r["bytes"] - start[0]) for r in readings if r["label"].startswith(prefix)] if start else []
     if len(base) != 1 or not found:
         return f"rank {rank} reported {len(readings)} pauses, not the ones the suite makes: its memory could not be read"
     return found
+
+
+def shrank(reports: list[dict]) -> str:
+    """A second witness to the readings: the first rank whose memory fell more than
+    ``SHRINK_ALLOWANCE`` below what it held before the submission's code ran or once it was
+    imported, with the readings; "" if none did."""
+    for rank, report in enumerate(reports):
+        readings = [r for r in report.get(KEY) or [] if "bytes" in r]
+        first = {r["label"]: r["bytes"] for r in readings if r["label"] in (BEFORE, IMPORTED)}
+        if len(first) < 2:
+            continue
+        if first[IMPORTED] < first[BEFORE] - SHRINK_ALLOWANCE:
+            return (f"rank {rank}'s memory fell from {mb(first[BEFORE])} before its code ran to {mb(first[IMPORTED])} "
+                    "once it was imported")
+        later = [r for r in readings if r["label"] not in (BEFORE, IMPORTED)]
+        low = min(later, key=lambda r: r["bytes"], default=None)
+        if low is not None and low["bytes"] < first[IMPORTED] - SHRINK_ALLOWANCE:
+            return (f"rank {rank}'s memory fell to {mb(low['bytes'])} ({low['label']}) below the {mb(first[IMPORTED])} "
+                    "it held once imported")
+    return ""
 
 
 def calibrated(fn, world_size: int, payloads: list[bytes], cache: dict = {}) -> list[dict]:  # noqa: B006

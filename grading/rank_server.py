@@ -36,7 +36,7 @@ def enter() -> None:
     if os.environ.get("GRADING_NETNS"):
         links = [tuple(pair) for pair in json.loads(os.environ.get("GRADING_RANK_LINKS") or "[]")]
         left = sandbox.rank_view(_paths("GRADING_WRITABLE"), _paths("GRADING_RANK_HIDDEN"), _paths("GRADING_RANK_KEEP"),
-                                 links)
+                                 links, os.environ.get("GRADING_RANK_SHM"))
         if left:
             print(f"grading sandbox: could not make read-only: {', '.join(left)}", flush=True)
     if os.environ.get("GRADING_STUDENT_UID") or os.environ.get("GRADING_NETNS"):  # else: the user's own count

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
-from grading import outside, rank_cgroups, traffic, wire
-from grading.sandbox import confine
+from grading import outside, rank_cgroups, scrub, traffic, wire
+from grading.sandbox import confine, private_storage
 from grading.selfcheck import GRADER_FAILURE
 
 # Set by the harness; a test run by hand gets the defaults.
@@ -160,12 +160,20 @@ def _send(fd: int, data: bytes) -> None:
 
 
 def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payload: bytes, writer: Any,
-               roots: list[str], cgroup: tuple[str, str] | None = None, release: Any = None) -> None:
-    """Entry point of one forked rank: confine, wait to be in its memory cgroup (``cgroup``: its
+               roots: list[str], cgroup: tuple[str, str] | None = None, release: Any = None,
+               output: Any = None) -> None:
+    """Entry point of one forked rank: its standard output and error into ``output`` (a pipe the
+    grader drains: see ``Output``), confine, wait to be in its memory cgroup (``cgroup``: its
     name and kind, rank_cgroups.py), join the group, run ``fn``, report, leave (``release``: the
     grader's pipe that lets it go on from a hold, traffic.py)."""
     started = False  # the submission's code can run only from here on (``fn`` imports it)
     try:
+        if output is not None:
+            os.dup2(output.fileno(), 1)
+            os.dup2(output.fileno(), 2)
+            output.close()
+        if (home := scrub.rank_home()) is not None:
+            private_storage(home, os.path.dirname(store_path), os.environ.get("GRADING_RANK_SHM"))
         confine()
         if cgroup is not None:
             rank_cgroups.wait_until_moved(*cgroup)
@@ -196,6 +204,47 @@ def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payloa
         _send(writer.fileno(), data)
     finally:
         os._exit(0)
+
+
+class Output:
+    """What one rank wrote to its standard output and error, through a pipe the grader drains as
+    the test runs: nothing of it lands in a file (a file's pages would be charged to the rank's
+    memory cgroup and read as what it stores) and the grader keeps only its first and last
+    ``KEEP`` bytes and the count, for the TA (the test's captured output, on a failure). A rank
+    that prints megabytes costs itself the time to write them, and nothing else."""
+
+    KEEP = 1024
+
+    def __init__(self, rank: int):
+        self.rank, self.head, self.tail, self.count = rank, b"", b"", 0
+
+    def take(self, chunk: bytes) -> None:
+        self.count += len(chunk)
+        if len(self.head) < self.KEEP:
+            self.head += chunk[:self.KEEP - len(self.head)]
+        self.tail = (self.tail + chunk)[-self.KEEP:]
+
+    def drain(self, fd: int) -> bool:
+        """Read what is there without waiting; False once the rank's end is closed."""
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            self.take(chunk)
+
+    def summary(self) -> str:
+        if not self.count:
+            return ""
+        text = self.head.decode(errors="replace")
+        if self.count > self.KEEP:
+            text += f"\n[... {self.count - 2 * self.KEEP if self.count > 2 * self.KEEP else 0} bytes left out ...]\n" \
+                + self.tail[-min(self.KEEP, self.count - self.KEEP):].decode(errors="replace")
+        return f"--- rank {self.rank} wrote {self.count} bytes (first and last {self.KEEP} kept) ---\n{text}"
 
 
 _FORKSERVER: Any = None
@@ -278,18 +327,22 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
     with tempfile.TemporaryDirectory(prefix="grading-store-", dir=os.environ.get("GRADING_RANK_TMPDIR")) as tmp:
         if os.environ.get("GRADING_STUDENT_UID"):  # the group's file store, in the ranks' own folder
             os.chown(tmp, int(os.environ["GRADING_STUDENT_UID"]), int(os.environ["GRADING_STUDENT_UID"]))
-        procs, buffers, fds, released = [], {}, {}, []
+        procs, buffers, fds, released, outputs = [], {}, {}, [], {}
         for r in range(world_size):
             reader, writer = ctx.Pipe(duplex=False)
             release_reader, release_writer = ctx.Pipe(duplex=False)
+            output_reader, output_writer = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_rank_main, daemon=True,
                             args=(r, world_size, os.path.join(tmp, "store"), fn, payloads[r], writer, roots,
-                                  (groups.name(r), groups.kind) if groups else None, release_reader))
+                                  (groups.name(r), groups.kind) if groups else None, release_reader, output_writer))
             _start(p)
             if groups:
                 _enter(groups, r, p)
             writer.close()
             release_reader.close()
+            output_writer.close()
+            os.set_blocking(output_reader.fileno(), False)
+            outputs[output_reader.fileno()] = (output_reader, Output(r))
             released.append(release_writer)
             os.set_blocking(reader.fileno(), False)
             procs.append((p, reader))
@@ -302,10 +355,15 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
         errors: list[str] = []
         start_up = 0  # errors raised before the submission's code could run
         try:
-            open_fds = set(fds)
+            open_fds, printing = set(fds), set(outputs)
             while open_fds and time.monotonic() < deadline:
-                ready, _, _ = select.select(list(open_fds), [], [], min(0.5, max(0.0, deadline - time.monotonic())))
+                ready, _, _ = select.select(list(open_fds | printing), [], [],
+                                            min(0.5, max(0.0, deadline - time.monotonic())))
                 for fd in ready:
+                    if fd in outputs:
+                        if not outputs[fd][1].drain(fd):
+                            printing.discard(fd)
+                        continue
                     r = fds[fd]
                     chunk = os.read(fd, 1 << 20)
                     buffers[r] += chunk
@@ -342,6 +400,12 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
                 groups.close()  # every process the ranks left, a double-forked helper too
             for release_writer in released:
                 release_writer.close()
+            for fd, (output_reader, output) in outputs.items():
+                output.drain(fd)
+                output_reader.close()
+                if output.count:
+                    print(output.summary())  # the test's captured output: grade.md's log on a failure
+    scrub.after_test()  # what the ranks left: no storage outlives its test
     if errors and start_up == len(errors):
         raise RankFailure(f"{GRADER_FAILURE}ranks could not start before the submission's code ran: {_reasons(errors)}")
     if errors:

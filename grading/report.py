@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from grading.problems import GRADED, POINTS, RUBRIC, test_function
+from grading.review import is_held
 
 VISIBILITY = "visible"  # Gradescope: students see their results at once (or "after_published", ...)
 STDOUT_VISIBILITY = "hidden"  # the console log names the grader's paths; staff read it, students read "output"
@@ -40,6 +41,7 @@ class TestGrade:
     requirement: str = ""  # what the handout asks that this test checks (its docstring)
     capped_score: float | None = None  # its part of the capped points, when the problem's cap applies
     capped: str = ""  # why: the cap and the failed test of what the problem is named for
+    held: bool = False  # every failure a hold for review (review.py): scores nothing, caps nothing, until a TA decides
 
     @property
     def passed(self) -> bool:
@@ -62,6 +64,8 @@ class TestGrade:
         if self.passed:
             return f"passed {self.runs}/{self.runs} runs"
         checks = f" [checks: {self.requirement}]" if self.requirement else ""
+        if self.held:
+            return f"{self.reason}{checks}"
         if self.flaky:
             return f"flaky: passed {self.passes}/{self.runs} runs; failure: {self.reason}{checks}"
         return f"{self.reason or 'failed'}{checks}"
@@ -78,6 +82,7 @@ class ProblemGrade:
     beyond_passed: int = 0  # tests beyond the handout, worth 0
     beyond_total: int = 0
     capped: str = ""  # the cap that applied, and why
+    held: float = 0.0  # the points of its tests held for review (review.py), not in ``points`` until a TA decides
 
 
 def shares(points: float, tests: int | list[float]) -> list[float]:
@@ -112,7 +117,7 @@ def apply_cap(problem: str, tests: list[TestGrade], points: int) -> list[TestGra
     graded_tests = [t for t in tests if not t.beyond]
     if rubric is None or rubric_weights(problem, [t.name for t in graded_tests]) is None:
         return tests
-    missed = [t for t in graded_tests if test_function(t.name) in rubric.point and not t.passed]
+    missed = [t for t in graded_tests if test_function(t.name) in rubric.point and not t.passed and not t.held]
     earned = sum(t.max_score for t in graded_tests if t.passed)
     limit = rubric.capped_points(points)
     if not missed or earned <= limit:
@@ -152,7 +157,8 @@ def grade_tests(entries: list[dict], problems: list[str], notes: dict[str, str] 
             failures = [e["reason"] for e in runs if not e["passed"]]
             mine.append(TestGrade(entry["collected"], problem, len(runs), len(runs) - len(failures),
                                   failures[0] if failures else "", 0.0 if entry.get("beyond") else next(split),
-                                  bool(entry.get("beyond")), entry.get("requirement", "")))
+                                  bool(entry.get("beyond")), entry.get("requirement", ""),
+                                  held=bool(failures) and all(is_held(f) for f in failures)))
         grades += apply_cap(problem, mine, points[problem])
     return grades
 
@@ -173,7 +179,8 @@ def problem_grades(tests: list[TestGrade], problems: list[str], hand: list[str] 
         beyond = [t for t in tests if t.problem == problem and t.beyond]
         rows.append(ProblemGrade(problem, sum(t.passed for t in mine), len(mine), sum(t.flaky for t in mine),
                                  round(sum(t.score for t in mine), 4), points[problem],
-                                 sum(t.passed for t in beyond), len(beyond), next((t.capped for t in mine if t.capped), "")))
+                                 sum(t.passed for t in beyond), len(beyond), next((t.capped for t in mine if t.capped), ""),
+                                 round(sum(t.max_score for t in mine if t.held), 4)))
     rows += [ProblemGrade(p, 0, 0, 0, None, points[p]) for p in hand]
     return rows
 
@@ -271,6 +278,7 @@ def grade_markdown(name: str, header: str, rows: list[ProblemGrade], tests: list
            "| problem | tests passed | flaky | beyond the handout (0 points) | points |", "|---|---:|---:|---:|---:|"]
     for r in rows:
         points = f"graded by hand (of {r.possible})" if r.points is None else f"{r.points:.1f} / {r.possible}"
+        points += f" (+{r.held:g} held for review)" if r.held else ""
         tests_cell = "" if r.points is None else f"{r.passed}/{r.total}"
         flaky = "" if r.points is None else str(r.flaky)
         out.append(f"| {r.problem} | {tests_cell} | {flaky} | {_beyond(r)} | {points} |")
@@ -279,7 +287,13 @@ def grade_markdown(name: str, header: str, rows: list[ProblemGrade], tests: list
                f"{sum(r.flaky for r in auto)} |  | **{sum(r.points for r in auto):.1f} / {sum(r.possible for r in auto)}** |")
     capped = [f"**Capped:** {r.capped}." for r in rows if r.capped]
     out += ["", *capped] if capped else []
-    failed = [t for t in tests if not t.passed and not t.beyond]
+    held = [t for t in tests if t.held and not t.beyond]
+    if held:
+        out += ["", "## Held for review", "",
+                "The grader's witnesses disagree on these tests (grading/review.py): they score nothing and cap "
+                "nothing until a TA decides, from the evidence below and the code it names.", ""]
+        out += [f"- `{t.name}` (up to {t.max_score:g}): {t.output}" for t in held]
+    failed = [t for t in tests if not t.passed and not t.beyond and not t.held]
     if failed:
         out += ["", "## Failed tests", ""]
         out += [f"- `{t.name}` (−{t.max_score:g}): {t.output}" for t in failed]
@@ -343,9 +357,10 @@ def write_csv(path: Path, graded: list[tuple[str, list[ProblemGrade], str]]) -> 
     problems = [p for p in POINTS if any(r.problem == p and r.points is not None for _, rows, _ in graded for r in rows)]
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["submission", "edition", *problems, "total", "note"])
+        writer.writerow(["submission", "edition", *problems, "total", "held for review", "note"])
         for name, rows, note in graded:
             points = {r.problem: r.points for r in rows if r.points is not None}
             run = load_run(path.parent / name)
+            held = "; ".join(f"{r.problem} (+{r.held:g})" for r in rows if r.held)
             writer.writerow([name, run.edition if run else "", *(f"{points[p]:.2f}" if p in points else "" for p in problems),
-                             f"{sum(points.values()):.2f}" if points else "", note])
+                             f"{sum(points.values()):.2f}" if points else "", held, note])

@@ -13,9 +13,9 @@
   a mount namespace of its own, shared by the ranks it forks, in which the grader's private
   folders (the fork server's socket), OUT, the submissions' folder and every other submission's
   scratch copy are covered by empty file systems; ``/dev`` is a fresh tmpfs holding only null,
-  zero, full, random and urandom (no tty, no disk), and a fresh ``/dev/shm``; ``/proc/sys`` and
+  zero, full, random and urandom (no tty, no disk), and a ``/dev/shm`` in the ranks' home; ``/proc/sys`` and
   the other kernel knobs under ``/proc``, ``/sys`` and every cgroup file system are read-only, as
-  is every other file system but the submission's scratch copy and home.
+  is every other file system but the ranks' home (the submission's scratch copy is read-only to them).
 """
 
 import ctypes
@@ -72,6 +72,46 @@ def confine() -> None:
     libc.capset(header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable: none
     if capabilities() != 0:
         raise RuntimeError("the grader could not drop this rank's capabilities; it runs no submission code")
+
+
+CLONE_NEWUSER, CLONE_NEWIPC = 0x10000000, 0x08000000
+
+
+def private_storage(home: str, keep: str, shm: str | None = None) -> bool:
+    """A rank's own storage, made by the rank before it runs any of the submission's code: a user
+    namespace of its own (no privilege is needed for one where the kernel allows it), and in it
+    a mount namespace where ``home`` (its HOME and TMPDIR) and ``/dev/shm`` (or ``shm``, the folder
+    bound there) are fresh tmpfs mounts, and an IPC namespace. Its peers cannot read what it
+    writes there, and what it writes is charged to its own memory cgroup and dies with it: no
+    file, segment or queue is shared between ranks but the process group, whose file store
+    (``keep``, a folder in ``home``) is bound back in. Whether it was made (False where the kernel
+    or a container refuses a user namespace: the rank then shares the run's home, which the
+    grader empties after every test, scrub.py)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC) != 0:
+        return False
+    libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its own /proc/self files, to write its maps
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    finally:
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    store = os.open(keep, O_PATH | os.O_DIRECTORY)  # in this namespace: a bind's source must be
+    try:
+        _mount("tmpfs", home, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700")
+        os.makedirs(keep, exist_ok=True)
+        _mount(f"/proc/self/fd/{store}", keep, None, MS_BIND)
+    finally:
+        os.close(store)
+    for folder in {"/dev/shm", *([shm] if shm else [])}:
+        if os.path.isdir(folder) and not _inside(folder, home):
+            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    return True
 
 
 def capabilities() -> int:
@@ -164,9 +204,11 @@ def relink(links: list[tuple[str, str]]) -> None:
             os.symlink(target, link)
 
 
-def private_dev() -> None:
+def private_dev(shm: str | None = None) -> None:
     """``/dev`` as a fresh tmpfs with only the harmless devices (bound from the real ones), the
-    usual links to ``/proc/self/fd`` and a fresh ``/dev/shm``."""
+    usual links to ``/proc/self/fd`` and a ``/dev/shm`` of the ranks' own: ``shm`` (a folder in
+    their home, bound there, which the grader empties after every test: scrub.py), else a fresh
+    tmpfs."""
     fds = {name: os.open(f"/dev/{name}", O_PATH) for name in DEVICES if os.path.exists(f"/dev/{name}")}
     _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k")
     for name, fd in fds.items():
@@ -177,7 +219,10 @@ def private_dev() -> None:
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"/dev/{name}")
     os.mkdir("/dev/shm")
-    _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=1g")
+    if shm is not None:
+        _mount(shm, "/dev/shm", None, MS_BIND)
+    else:
+        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "size=1g")
 
 
 def read_only_except(writable: list[str]) -> list[str]:
@@ -205,7 +250,7 @@ def read_only_except(writable: list[str]) -> list[str]:
 
 
 def rank_view(writable: list[str], hidden: list[str], keep: list[str],
-              links: list[tuple[str, str]] = ()) -> list[str]:
+              links: list[tuple[str, str]] = (), shm: str | None = None) -> list[str]:
     """The ranks' mount namespace (see the module's docstring), made in this process and inherited
     by every process it forks; the mount points that could not be made read-only."""
     libc = ctypes.CDLL(None, use_errno=True)
@@ -214,7 +259,7 @@ def rank_view(writable: list[str], hidden: list[str], keep: list[str],
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing done here reaches the grader's view
     cover(hidden, [*keep, *writable])
     relink(links)
-    private_dev()
+    private_dev(shm)
     return read_only_except(writable)
 
 

@@ -170,6 +170,19 @@ def _remove_in(top: str, uid: int) -> list[str]:
     return removed
 
 
+def lend(path: Path) -> None:
+    """Let every uid read ``path`` and everything under it, and none but its owner write it
+    (folders 0755, files 0644, or 0755 where the owner may run them; links are not followed)."""
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o755, follow_symlinks=False)
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            if not os.path.islink(full):
+                os.chmod(full, 0o755 if os.stat(full).st_mode & 0o100 else 0o644)
+    os.chmod(path, 0o755)
+
+
 def give(path: Path, uid: int, mode: int = 0o700) -> None:
     """Make ``path`` and everything under it the uid's (links themselves, never their targets);
     ``path`` itself gets ``mode``, so that no other uid can enter it."""

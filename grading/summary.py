@@ -83,6 +83,7 @@ def write(out: Path, graded: list[Graded], batch: Batch | None = None) -> None:
     if died:
         lines += [f"{len(died)} not graded (their job died): " + ", ".join(g.name for g in died), ""]
     lines += _roster(out, graded, runs, batch)
+    lines += _held(graded)
     scores: dict[str, list[float]] = defaultdict(list)
     for edition in sorted(set(editions[g.name] for g in graded if not g.note)):
         mine = [g for g in graded if editions[g.name] == edition and not g.note]
@@ -124,6 +125,20 @@ def _roster(out: Path, graded: list[Graded], runs: dict[str, report.Run | None],
         lines.append(f"| {_cell(g.name)} | {run.edition if run else ''} | {earned:.1f} / {possible} | "
                      f"[grade.md]({g.name}/grade.md) | {f'`{command}`' if command else ''} | "
                      f"{_cell(short_remarks(g))} |")
+    return lines
+
+
+def _held(graded: list[Graded]) -> list[str]:
+    """The problems held for review (review.py): a TA's queue, each with its grade.md's evidence."""
+    rows = [(g, r) for g in graded if not g.note for r in g.rows if r.held]
+    if not rows:
+        return []
+    lines = ["", "## Held for review", "", "The grader's witnesses disagree on these: the points are not in the "
+             "total until a TA decides (each grade.md's \"Held for review\" has the evidence).", "",
+             "| submission | problem | points held | first evidence |", "|---|---|---:|---|"]
+    for g, r in rows:
+        first = next((t.output for t in g.tests if t.held and t.problem == r.problem), "")
+        lines.append(f"| [{_cell(g.name)}]({g.name}/grade.md) | {r.problem} | {r.held:g} | {_cell(first[:300])} |")
     return lines
 
 

@@ -48,18 +48,26 @@ def private() -> bool:
     return os.environ.get("GRADING_NETNS") == "1"
 
 
-def loopback_bytes() -> int | None:
-    """The bytes ``lo`` has sent in this process's network namespace (its transmit count: on the
-    loopback each byte sent is the byte received), or None where /proc/net/dev has no ``lo``."""
+def loopback_counts() -> tuple[int, int] | None:
+    """The bytes and packets ``lo`` has sent in this process's network namespace (its transmit
+    counts: on the loopback each byte sent is the byte received), or None where /proc/net/dev
+    has no ``lo``."""
     try:
         with open("/proc/net/dev") as f:
             for line in f:
                 name, _, counts = line.partition(":")
                 if name.strip() == "lo":
-                    return int(counts.split()[8])
+                    fields = counts.split()
+                    return int(fields[8]), int(fields[9])
     except (OSError, IndexError, ValueError):
         return None
     return None
+
+
+def loopback_bytes() -> int | None:
+    """The bytes of ``loopback_counts``."""
+    counts = loopback_counts()
+    return counts[0] if counts else None
 
 
 def hold(report_fd: int, release_fd: int, label: str) -> bytes:
@@ -164,12 +172,12 @@ class Holds:
             time.sleep(0.002)
         if not all(outside._state(p) == "T" for p in self.pids):
             return {"label": label, "error": "a rank did not stop at its hold"}
-        carried = loopback_bytes()
+        counts = loopback_counts()
         if not all(outside._state(p) == "T" for p in self.pids):
             return {"label": label, "error": "a rank was woken while the grader held it"}
-        if carried is None:
+        if counts is None:
             return {"label": label, "error": "the grader cannot read lo's bytes in /proc/net/dev"}
-        return {"label": label, "bytes": carried, "at": round(time.monotonic(), 3)}
+        return {"label": label, "bytes": counts[0], "packets": counts[1], "at": round(time.monotonic(), 3)}
 
     def _release(self, label: str | None = None) -> None:
         """Every rank with a hold frame not yet answered gets its release frame(s), then SIGCONT;

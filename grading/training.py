@@ -10,6 +10,9 @@ reaches the comparison. These functions run in a rank (ranks.py), beside the sub
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
 import time
 
 import torch
@@ -61,10 +64,28 @@ def sampled(named: dict[str, torch.Tensor], sample: dict[str, torch.Tensor] | No
     return out
 
 
-def hint(root: object, name: str, exclude: set[int]) -> list[str]:
-    """The largest tensors ``root`` reaches, counted inside the rank: shown to a TA as a hint of
-    where memory went, never a basis of points (the submission's code could hide or fake them)."""
-    return [h.line() for h in probes.held_tensors(root, name, exclude)[:3]]
+def inside(root: object, name: str, exclude: set[int]) -> dict:
+    """What ``root`` reaches, counted inside the rank: its three largest tensors (``hint``) and
+    the bytes of every tensor storage it reaches (``inside``). A witness beside the grader's
+    reading from outside, never a basis of points alone: the submission's code could hide or fake
+    them (memory.judged holds a problem for review where the two disagree)."""
+    found = probes.held_tensors(root, name, exclude)
+    return {"hint": [h.line() for h in found[:3]], "inside": sum(h.nbytes for h in found)}
+
+
+def imported_tensors() -> dict:
+    """The tensors the submission's modules hold once imported (their globals, and what those
+    reach), counted inside the rank: a correct solution allocates none at import, and memory made
+    before the grader's baseline is not read from outside (memory.py), so a module that does is
+    a witness for review (``imported``: bytes, and the largest's path)."""
+    from grading.ranks import submission_roots
+
+    roots = [os.path.realpath(r) + os.sep for r in submission_roots()]
+    mine = {name: vars(module) for name, module in list(sys.modules.items())
+            if isinstance(getattr(module, "__file__", None), str)
+            and any(os.path.realpath(module.__file__).startswith(r) for r in roots)}
+    found = probes.held_tensors(mine, "modules")
+    return {"imported": sum(h.nbytes for h in found), "imported_largest": found[0].line() if found else ""}
 
 
 def drop_gradients(params) -> None:
@@ -160,6 +181,7 @@ def train_sharded_optimizer(ctx: Rank, job: dict) -> dict:
     probes.install_collective_log()
     get = load_adapter("get_sharded_optimizer")
     if measure:
+        imported = imported_tensors()
         ctx.pause(outside.IMPORTED)
     model = models.build("equal", layers=case["layers"], width=case["width"])
     model.load_state_dict(job["init"])
@@ -178,8 +200,20 @@ def train_sharded_optimizer(ctx: Rank, job: dict) -> dict:
             optimizer.add_param_group(added)
     if not measure:
         return {"params": params}
-    return {"params": params, "hint": hint(optimizer, "optimizer", {p.untyped_storage().data_ptr() for p in model.parameters()})}
+    return {"params": params, **imported,
+            **inside(optimizer, "optimizer", {p.untyped_storage().data_ptr() for p in model.parameters()})}
 
+
+
+def import_model_module() -> None:
+    """The submission's ``cs336_basics.model``, imported before a measured rank's pause after its
+    import: the course's own model module imports einx, einops and jaxtyping (about 5 MB), which
+    are no part of what the rank stores. One that fails to import fails where the model is built,
+    with its own reason."""
+    try:
+        importlib.import_module("cs336_basics.model")
+    except Exception:  # noqa: BLE001 - models.student_lm raises it again, as the rank's reason
+        pass
 
 
 def train_fsdp(ctx: Rank, job: dict) -> dict:
@@ -197,7 +231,10 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
         ctx.pause(outside.BEFORE)
     get, after = load_adapter("get_fsdp"), load_adapter("fsdp_on_after_backward")
     gather = load_adapter("fsdp_gather_full_params")
+    imported = {}
     if measure:
+        import_model_module()
+        imported = imported_tensors()
         ctx.pause(outside.IMPORTED)
     shape = models.LMShape(**case["shape"])
     model = models.student_lm(shape, quick=measure)
@@ -240,7 +277,7 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
         del full
     optimizer.zero_grad(set_to_none=True)
     return {"layout": layout, "params": gathered, "masters": masters, "output": output,
-            "hint": hint(fsdp, "fsdp", set()) if measure else []}
+            **(inside(fsdp, "fsdp", set()) if measure else {"hint": []}), **imported}
 
 
 def calibrate_sharded_optimizer(ctx: Rank, job: dict) -> dict:

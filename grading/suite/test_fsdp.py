@@ -10,7 +10,7 @@ import pytest
 
 from grading import carried
 from grading.checks import FSDPCase, findings, run_fsdp
-from grading.memory import confirmed, freed_finding, weights_finding
+from grading.memory import freed_finding, inside_weights, judged, weights_finding
 from grading.models import LMShape
 
 PROBLEM = "fsdp"
@@ -80,7 +80,8 @@ def test_parameters_are_sharded(ranks, world_size, repetition):
         return weights_finding(run.reports, run.weights, run.replicated, PROBLEM, run.calibration)
 
     run = measured(ranks, world_size, repetition)
-    findings(confirmed(finding(run), lambda: finding(run_fsdp(ranks, world_size, MEASURED))), run.mismatch)
+    findings(*judged(run, lambda: run_fsdp(ranks, world_size, MEASURED), finding,
+                     lambda run: inside_weights(run.reports, run.weights, run.replicated)), run.mismatch)
 
 
 def test_gathered_weights_are_freed(ranks, repetition):
@@ -93,7 +94,7 @@ def test_gathered_weights_are_freed(ranks, repetition):
         return freed_finding(run.reports, run.weights, run.activations, PROBLEM)
 
     run = measured(ranks, 3, repetition)
-    findings(confirmed(finding(run), lambda: finding(run_fsdp(ranks, 3, MEASURED))), run.mismatch)
+    findings(*judged(run, lambda: run_fsdp(ranks, 3, MEASURED), finding, lambda run: None), run.mismatch)
 
 
 @pytest.mark.loopback

@@ -9,7 +9,7 @@ parameters, read by the grader from outside the rank while it is stopped after e
 import pytest
 
 from grading.checks import ZeroCase, findings, run_sharded_optimizer
-from grading.memory import confirmed, state_finding
+from grading.memory import inside_state, judged, state_finding
 
 PROBLEM = "optimizer_state_sharding"
 pytestmark = pytest.mark.problem(PROBLEM)
@@ -64,7 +64,8 @@ def test_state_is_sharded(ranks, world_size, repetition):
         return state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "over", run.calibration)
 
     run = measured(ranks, world_size, repetition)
-    findings(confirmed(finding(run), lambda: finding(run_sharded_optimizer(ranks, world_size, MEASURED))), run.mismatch)
+    findings(*judged(run, lambda: run_sharded_optimizer(ranks, world_size, MEASURED), finding,
+                     lambda run: inside_state(run.reports, run.full_bytes, "over")), run.mismatch)
 
 
 def test_every_rank_keeps_its_share(ranks, repetition):
@@ -76,4 +77,5 @@ def test_every_rank_keeps_its_share(ranks, repetition):
         return state_finding(run.reports, run.full_bytes, run.model_bytes, PROBLEM, "under", run.calibration)
 
     run = measured(ranks, 3, repetition)
-    findings(confirmed(finding(run), lambda: finding(run_sharded_optimizer(ranks, 3, MEASURED))), run.mismatch)
+    findings(*judged(run, lambda: run_sharded_optimizer(ranks, 3, MEASURED), finding,
+                     lambda run: inside_state(run.reports, run.full_bytes, "under")), run.mismatch)
