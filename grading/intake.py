@@ -81,7 +81,9 @@ def inspect(submission: Path, tree: Path, edition: str | None) -> Intake:
     remarks: list[str] = []
     found.roots = [str(r) for r in python_roots(root, remarks)]
     found.remarks = remarks + missing_packages(root, adapters, edition or detected)
-    found.reaches = review.scan(tree, read_regular)
+    roots = [Path(r) for r in found.roots] or [root]
+    model = [r / "cs336_basics" / "model.py" for r in roots]
+    found.reaches = review.scan([adapters, *model], [root, *roots], read_regular)
     if dropped:
         shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
         found.remarks.append(f"Links and special files are not graded (left out of the copy): {shown}.")

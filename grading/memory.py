@@ -75,7 +75,8 @@ def judged(run, again: Callable[[], object], finding: Callable[[object], str],
         second, said = finding(rerun), inside(rerun)
         if second and said == "":
             return [rerun.mismatch, review.held("the reading from outside and the rank's own tensors disagree",
-                                                f"outside: {second}", f"inside: {inside_summary(rerun.reports)}")]
+                                                f"outside: {second}", f"inside: {inside_summary(rerun.reports)}",
+                                                review.source_witness())]
         return [second, rerun.mismatch]
     witnesses = [inside(run), shrank(run.reports), imported(run.reports), review.source_witness()]
     if any(witnesses):

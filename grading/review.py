@@ -13,6 +13,7 @@ and the staff summary list it with both readings.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -20,7 +21,7 @@ from pathlib import Path
 
 HELD = "held for review: "
 SOURCES_ENV = "GRADING_REACHES"  # the harness's scan of the submission (intake.py), as JSON
-MAX_FILES = 2000  # .py files scanned at most; a tree with more is held on that alone
+MAX_FILES = 2000  # .py files followed at most
 MAX_HITS = 12
 
 # What a rank could use to make an outside reading lie, or to hide that it does; each with what a
@@ -35,7 +36,8 @@ SUSPECT = [
     (re.compile(r"\bsignal\s*\.\s*(signal|sigaction|setitimer|alarm|pthread_kill|pthread_sigmask)\b"),
      "signal handlers: a rank that acts on the grader's pauses"),
     (re.compile(r"(?<![.\w])(?<!def )(exec|eval|compile)\s*\("), "code run from strings (exec/eval/compile)"),
-    (re.compile(r"(?<![.\w])__import__\s*\(|\bimport_module\s*\(\s*[^'\"\s)]"), "imports by computed name"),
+    (re.compile(r"(?<![.\w])__import__\s*\(|\bimport_module\s*\(\s*[^'\"\s)]|\bspec_from_file_location\b|"
+                r"\bSourceFileLoader\b|\bload_source\b|\brunpy\b|\bzipimport\b"), "imports by computed name or path"),
 ]
 
 
@@ -48,13 +50,53 @@ def is_held(reason: str) -> bool:
     return reason.startswith(HELD)
 
 
-def scan(root: Path, read) -> list[str]:
-    """``file:line: what`` for each line of the tree's Python files (``read``: files.read_regular,
-    bounded, no link followed) that reaches for something in ``SUSPECT``, at most ``MAX_HITS``."""
+def imported_files(start: list[Path], roots: list[Path], read) -> list[Path]:
+    """The submission's Python files that ``start`` (its adapters, the course's model module)
+    import, directly or through others, as far as the source says (``import``/``from ... import``
+    anywhere in a file, relative ones included, and each package's ``__init__.py`` on the way):
+    what a rank runs. A module loaded by a computed name is not followed; the pattern that loads
+    it is itself a hit (``SUSPECT``)."""
+    def module_files(name: str) -> list[Path]:
+        parts, found = name.split("."), []
+        for root in roots:
+            for depth in range(1, len(parts) + 1):
+                base = root.joinpath(*parts[:depth])
+                found += [f for f in (base / "__init__.py", base.with_suffix(".py")) if f.is_file()]
+        return found
+
+    seen: list[Path] = []
+    queue = [f for f in start if f.is_file()]
+    while queue and len(seen) < MAX_FILES:
+        path = queue.pop()
+        if path in seen:
+            continue
+        seen.append(path)
+        try:
+            tree = ast.parse(read(path).decode(errors="replace"))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        root = next((r for r in roots if path.is_relative_to(r)), path.parent)
+        package = list(path.relative_to(root).parent.parts) if path.is_relative_to(root) else []
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                here = package[:len(package) - node.level + 1] if node.level else []
+                base = ".".join([*here, *(node.module.split(".") if node.module else [])])
+                names = [base, *(f"{base}.{a.name}" if base else a.name for a in node.names)] if base or node.level \
+                    else []
+            for name in filter(None, names):
+                queue += [f for f in module_files(name) if f not in seen]
+    return seen
+
+
+def scan(start: list[Path], roots: list[Path], read) -> list[str]:
+    """``file:line: what`` for each line of the Python files a rank runs (``imported_files`` from
+    ``start``; ``read``: files.read_regular, bounded, no link followed) that reaches for something
+    in ``SUSPECT``, at most ``MAX_HITS``; paths relative to the first of ``roots``."""
     hits: list[str] = []
-    files = sorted(p for p in root.rglob("*.py") if not p.is_symlink())
-    if len(files) > MAX_FILES:
-        return [f"{len(files)} Python files, more than the {MAX_FILES} the grader reads for this"]
+    files = imported_files(start, roots, read)
     for path in files:
         try:
             text = read(path).decode(errors="replace")
@@ -64,7 +106,8 @@ def scan(root: Path, read) -> list[str]:
             code = line.split("#", 1)[0]
             for pattern, what in SUSPECT:
                 if pattern.search(code):
-                    hits.append(f"{path.relative_to(root)}:{number}: {what}")
+                    where = path.relative_to(roots[0]) if path.is_relative_to(roots[0]) else path.name
+                    hits.append(f"{where}:{number}: {what}")
                     break
             if len(hits) >= MAX_HITS:
                 return hits
