@@ -39,12 +39,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from grading import intake, report, review, selfcheck
+from grading import intake, report, review, sandbox, selfcheck
 from grading.containment import Containment, ContainmentError, limit, namespaces_available, package_paths
 from grading.outcomes import SLOW_FRACTION, Outcomes
 from grading.problems import GRADED, hand_graded
 from grading.selfcheck import GRADER_FAILURE
-from grading.sandbox import not_dumpable
 
 __all__ = ["Graded", "Limits", "grade", "grader_commit", "namespaces_available"]
 
@@ -99,7 +98,7 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
     tests: the grader's own tests use them to stay quick. The first grading of a process grades
     the grader's own probe first (selfcheck.py): SetupError if this machine cannot run ranks,
     GraderFailure if this submission's ranks could not start; either way nothing is written."""
-    not_dumpable()  # this process records the grade
+    sandbox.not_dumpable()  # this process records the grade
     if self_check:
         selfcheck.ensure(limits)
     start = time.monotonic()
@@ -221,10 +220,15 @@ def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, lim
     private.mkdir(mode=0o700)
     (home / "tmp").mkdir(parents=True)
     (home / "shm").mkdir()
-    writable = [home]  # the submission's copy is read-only to its ranks: storage only where the grader scrubs it
+    # Where each rank can have storage of its own (sandbox.private_storage), the submission's copy
+    # is read-only to the ranks, and each sees it writable at its own working folder; elsewhere
+    # it stays writable, as before, and shared by the ranks of a test.
+    read_only = containment.namespaces or sandbox.user_namespaces()
+    tree = scratch / "submission"
+    writable = [home] if read_only else [tree, home]
     view = containment.hand_over(scratch, writable, out, hidden=[scratch.parent, private, out.parent, out,
                                                                   submission.resolve().parent, GRADER_DIR.parent],
-                                 keep=[grader, scratch / "submission"], readable=[scratch / "submission"])
+                                 keep=[grader, tree], readable=[tree] if read_only else [])
     packages = package_paths()  # where this Python's packages live beyond site-packages
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(private),
@@ -238,6 +242,7 @@ def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, lim
         "GRADING_WRITABLE": os.pathsep.join(map(str, writable)),
         "GRADING_RANK_SERVER": "1", "GRADING_RANK_TMPDIR": str(home / "tmp"), "GRADING_RANK_SHM": str(home / "shm"),
         review.SOURCES_ENV: json.dumps(list(reaches)),
+        **({"GRADING_TREE_READ_ONLY": "1"} if read_only else {}),
         **view, **containment.env(),
     }
     if only:

@@ -115,7 +115,7 @@ def one_line(exc: BaseException, roots: list[str] | None = None) -> str:
     return f"{where}: {what}" if where else what
 
 
-def _use_submission(roots: list[str]) -> None:
+def _use_submission(roots: list[str], workdir: str | None = None) -> None:
     """Import the submission's packages after everything else, and nothing in their place.
 
     The path keeps the standard library, site-packages, the grader's own folder and the folders
@@ -123,7 +123,8 @@ def _use_submission(roots: list[str]) -> None:
     submission's folders: its ``torch.py`` or ``pytest.py`` shadows nothing. Any other entry
     goes: a project installed in editable mode puts its root on the path through a .pth file,
     and this repository's ``cs336_systems`` must never stand in for a submission's. The working
-    directory is the submission's root, as when it runs its own tests."""
+    directory is the submission's root, or the rank's own writable view of it (``workdir``:
+    sandbox.private_storage), as when it runs its own tests."""
     import site
     import sysconfig
 
@@ -141,7 +142,7 @@ def _use_submission(roots: list[str]) -> None:
 
     sys.path[:] = [p for p in sys.path if kept(p) and os.path.realpath(p) not in map(os.path.realpath, roots)]
     sys.path.extend(roots)
-    os.chdir(roots[0])
+    os.chdir(workdir or roots[0])
 
 
 def _no_device_to_wait_for(torch) -> None:
@@ -172,12 +173,14 @@ def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payloa
             os.dup2(output.fileno(), 1)
             os.dup2(output.fileno(), 2)
             output.close()
+        workdir = None
         if (home := scrub.rank_home()) is not None:
-            private_storage(home, os.path.dirname(store_path), os.environ.get("GRADING_RANK_SHM"))
+            workdir = private_storage(home, os.path.dirname(store_path), os.environ.get("GRADING_RANK_SHM"),
+                                      roots[0] if os.environ.get("GRADING_TREE_READ_ONLY") else None)
         confine()
         if cgroup is not None:
             rank_cgroups.wait_until_moved(*cgroup)
-        _use_submission(roots)
+        _use_submission(roots, workdir if workdir != home else None)
         import torch
         import torch.distributed as dist
 

@@ -77,22 +77,26 @@ def confine() -> None:
 CLONE_NEWUSER, CLONE_NEWIPC = 0x10000000, 0x08000000
 
 
-def private_storage(home: str, keep: str, shm: str | None = None) -> bool:
+def private_storage(home: str, keep: str, shm: str | None = None, tree: str | None = None) -> str | None:
     """A rank's own storage, made by the rank before it runs any of the submission's code: a user
     namespace of its own (no privilege is needed for one where the kernel allows it), and in it
     a mount namespace where ``home`` (its HOME and TMPDIR) and ``/dev/shm`` (or ``shm``, the folder
     bound there) are fresh tmpfs mounts, and an IPC namespace. Its peers cannot read what it
     writes there, and what it writes is charged to its own memory cgroup and dies with it: no
     file, segment or queue is shared between ranks but the process group, whose file store
-    (``keep``, a folder in ``home``) is bound back in. Whether it was made (False where the kernel
-    or a container refuses a user namespace: the rank then shares the run's home, which the
+    (``keep``, a folder in ``home``) is bound back in. The submission's copy (``tree``, read-only
+    to the ranks) is seen again, writable, at ``home/work/<its name>`` (an overlay whose changes
+    stay in the rank's tmpfs; a read-only bind where overlays are refused), the rank's working
+    folder: code that writes beside itself, or in ``../data``, as students' code does when run
+    from its checkout, writes into the rank's own storage. That folder, or None where the kernel
+    or a container refuses a user namespace (the rank then shares the run's home, which the
     grader empties after every test, scrub.py)."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     libc = ctypes.CDLL(None, use_errno=True)
     uid, gid = os.getuid(), os.getgid()
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC) != 0:
-        return False
+        return None
     libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)  # its own /proc/self files, to write its maps
     try:
         for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
@@ -111,7 +115,27 @@ def private_storage(home: str, keep: str, shm: str | None = None) -> bool:
     for folder in {"/dev/shm", *([shm] if shm else [])}:
         if os.path.isdir(folder) and not _inside(folder, home):
             _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    return True
+    if tree is None:
+        return home
+    view = os.path.join(home, "work", os.path.basename(os.path.realpath(tree)) or "submission")
+    upper, work = os.path.join(home, ".overlay", "upper"), os.path.join(home, ".overlay", "work")
+    for folder in (view, upper, work):
+        os.makedirs(folder, exist_ok=True)
+    try:
+        _mount("overlay", view, "overlay", MS_NOSUID | MS_NODEV, f"lowerdir={tree},upperdir={upper},workdir={work}")
+    except OSError:
+        _mount(tree, view, None, MS_BIND | MS_REC)
+    return view
+
+
+def user_namespaces() -> bool:
+    """Whether a rank could make its own storage here (``private_storage``): a child process, as
+    ``uid`` would be, makes a user namespace and leaves."""
+    pid = os.fork()
+    if pid == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        os._exit(0 if libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWIPC) == 0 else 1)
+    return os.waitpid(pid, 0)[1] == 0
 
 
 def capabilities() -> int:
