@@ -4,6 +4,8 @@
     python scripts/run_benchmarks.py --suite quick    # make bench-quick (smoke check)
     python scripts/run_benchmarks.py --suite gpu      # make bench-gpu (1-6 GPUs)
     python scripts/run_benchmarks.py --suite gpu-memory   # one GPU: xl memory, claims at world size 1
+    python scripts/run_benchmarks.py --suite retake   # make bench-retake: make bench's steps whose file
+                                                      # records no load (or an excess), on a quiet machine
 
 Each step runs as its own process and writes its own results file, atomically. A failing
 step stops the suite; SIGTERM or Ctrl-C stops the running step (and its ranks). Either way the
@@ -23,14 +25,15 @@ import torch
 from tqdm import tqdm
 
 from cs336_systems import cli
-from cs336_systems.bench.suites import BenchStep, cpu_suite, gpu_suite, one_gpu_memory_steps, quick_suite
+from cs336_systems.bench.suites import (BenchStep, cpu_suite, gpu_suite, one_gpu_memory_steps, quick_suite,
+                                        retake_suite)
 from cs336_systems.launch import Interrupted
 from cs336_systems.launch.signals import raising_on_signals
 from cs336_systems.results.environment import REPO_ROOT
 from cs336_systems.results.paths import results_dir
 
 SUITES = {"cpu": "make bench", "quick": "make bench-quick", "gpu": "make bench-gpu",
-          "gpu-memory": "python scripts/run_benchmarks.py --suite gpu-memory"}
+          "gpu-memory": "python scripts/run_benchmarks.py --suite gpu-memory", "retake": "make bench-retake"}
 STEP_STOP_GRACE_S = 30.0  # a stopped step's launcher stops its own ranks within 10 s
 
 
@@ -51,6 +54,8 @@ def suite_steps(setting: SuiteSetting) -> tuple[Path, list[BenchStep]]:
     out = results_dir(setting.tag or ("quick" if setting.suite == "quick" else None))
     if setting.suite == "gpu-memory":
         return out, one_gpu_memory_steps(out)
+    if setting.suite == "retake":
+        return out, retake_suite(out)
     if setting.suite == "gpu":
         return out, gpu_suite(out, torch.cuda.device_count() if torch.cuda.is_available() else 0)
     return out, (quick_suite if setting.suite == "quick" else cpu_suite)(out)

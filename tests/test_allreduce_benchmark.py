@@ -37,6 +37,7 @@ from cs336_systems.bench.allreduce import (
     skipped_record,
     summarize_times,
 )
+from cs336_systems.bench.allreduce.setting import DEFAULT_MEMORY_FRACTION
 from cs336_systems.launch import Interrupted, RankContext, launch
 from cs336_systems.results.environment import collect_environment, machine_tag
 from cs336_systems.results.files import ResultsFile, read_results, write_results
@@ -208,7 +209,7 @@ def test_script_writes_typed_records_and_the_setting(tmp_path, monkeypatch, caps
     assert all(r.measured and r.correct is True and r.timed_iters == 3 for r in stored.records)
     env = stored.environment
     assert (env.backend, env.world_size, env.device_type, env.shared_gpu) == ("gloo", 2, "cpu", False)
-    assert stored.setting["sizes_mb"] == [0.01, 0.001] and stored.setting["memory_fraction"] == 0.5
+    assert stored.setting["sizes_mb"] == [0.01, 0.001] and stored.setting["memory_fraction"] == DEFAULT_MEMORY_FRACTION
     printed = capsys.readouterr().out
     assert "busbw GB/s" in printed and f"wrote {out}" in printed
 

@@ -3,11 +3,16 @@ reads, and the GPU suite refuses to run without a GPU."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from cs336_systems.bench.suites import cpu_suite, gpu_suite, quick_suite
+from cs336_systems.bench.suites import cpu_suite, gpu_suite, quick_suite, retake_suite
+from cs336_systems.results.environment import Load
+from cs336_systems.results.files import ResultsFile, write_results
+
+from .test_writeup_allreduce import environment, record
 
 pytestmark = pytest.mark.problem("beyond")
 REPO = Path(__file__).resolve().parents[1]
@@ -67,3 +72,17 @@ def test_profile_and_step_benchmark_train_the_same_batch():
         step, profile = by_name["DDP step benchmark"], by_name["profiler timelines"]
         for flag in ("--model-size", "--context-length", "--global-batch"):
             assert _arg(step, flag) == _arg(profile, flag), flag
+
+
+def test_the_retake_suite_runs_exactly_the_files_that_record_no_quiet_load(tmp_path):
+    """make bench-retake: a file with no load record, or one over its own, is taken again; a file
+    whose run recorded a quiet machine, or that is not make bench's, is left alone."""
+    quiet_env, unrecorded = environment(), dataclasses.replace(environment(), load=None)
+    loaded = dataclasses.replace(environment(), load=Load(before=9.0, after=9.0, cores=2, processes=2, others=3.0))
+    for name, env in (("allreduce.json", unrecorded), ("ddp_step.json", loaded), ("fsdp_step.json", quiet_env),
+                      ("other.json", unrecorded)):
+        write_results(tmp_path / name, ResultsFile("allreduce", env, {}, [record("gloo", "cpu", 2, 1024, [1e-3] * 3)]))
+    retaken = {Path(s.out).name for s in retake_suite(tmp_path)}
+    every = {Path(s.out).name for s in cpu_suite(tmp_path)}
+    assert "allreduce.json" in retaken and "ddp_step.json" in retaken
+    assert retaken == every - {"fsdp_step.json"}  # the rest are missing here: taken too

@@ -118,7 +118,9 @@ def test_the_page_states_claim_measurement_verdict_and_command(tmp_path):
     assert "ours ÷ torch's, 0.970 (95% interval 0.970–0.970). \"No slower\": **holds**" in page
     assert "issue 32" not in page and "about 2x" not in page and "about 2×" not in page and "50–100% faster" in page
     assert "exposed ms" not in page  # no closed-form bucket table the overhead page says does not apply
-    assert "Speed claims: 2 hold, 7 do not hold here, 1 are not resolved" in page
+    # The two bf16 rows are judged on a CPU, outside the claim's domain ("on GPUs that support it").
+    assert "Speed claims: 2 hold, 5 do not hold here, 1 are not resolved, 2 are outside their domain." in page
+    assert "| `torch` → `torch+bf16` | 1.000× (1.000–1.000) | - | outside the claim's domain (no bf16 GPU) |" in page
     assert "Verdict: **holds**" in page  # sync_batchnorm
     assert "python scripts/bench_lightning.py --device cuda --backend gloo --world-size 2" in page
     assert "--backend nccl" in page

@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from cs336_systems.bench.stats import median_interval, paired_differences, paired_median
+from cs336_systems.bench.step.record import StepRecord
+from cs336_systems.bench.stats import median_interval, paired_differences, paired_median, round_means
 
 pytestmark = pytest.mark.problem("ddp_bucketed_benchmarking")
 
@@ -17,6 +18,22 @@ def test_differences_are_taken_round_by_round():
     assert paired_differences([5.0, 7.0, 9.0], [1.0, 2.0, 3.0]) == [4.0, 5.0, 6.0]
     with pytest.raises(ValueError, match="equal lengths"):
         paired_differences([1.0, 2.0], [1.0])
+
+
+def test_a_round_of_several_steps_counts_once():
+    # 6 rounds of 2 steps: pairing the 12 steps would claim 12 rounds and an interval from the 3rd
+    # to the 10th of them; the rounds' means give 6 differences and the min..max interval.
+    a = [3.0, 5.0, 2.0, 2.0, 9.0, 1.0, 4.0, 4.0, 6.0, 2.0, 3.0, 3.0]
+    b = [0.0] * 12
+    assert round_means(a, 2) == [4.0, 2.0, 5.0, 4.0, 4.0, 3.0]
+    assert paired_median(a, b, steps_per_round=2) == (4.0, (2.0, 5.0))
+    with pytest.raises(ValueError, match="do not split into rounds of 5"):
+        round_means(a, 5)
+    steps = StepRecord.from_steps("naive", a, b, 1, steps_per_round=2)
+    assert (steps.exposed_overhead_s, steps.exposed_overhead_ci95_s, steps.steps_per_round) == (4.0, [2.0, 5.0], 2)
+    # A file from before the field paired single steps; regrouped() pairs its rounds.
+    old = StepRecord.from_steps("naive", a, b, 1)
+    assert old.regrouped(2, b) == steps
 
 
 @pytest.mark.parametrize(

@@ -111,6 +111,81 @@ def test_answers_keep_to_the_handouts_length(rendered, which):
     assert sum(prose_words(t) for t in found.values()) <= ANSWERS_WORDS
 
 
+# The handout's sentence limit per lettered part of an answer ("": an answer without parts), from the
+# deliverables of the 2025 handout (DDP, communication_accounting) and the 2026 one (FSDP, section 8).
+# A deliverable of measured times plus N sentences gets N + 1 where no table carries the times.
+SENTENCE_LIMITS = {
+    "distributed_communication_single_node": {"": 3},  # "with 2-3 sentences of commentary"
+    "minimal_ddp_flat_benchmarking": {"": 3},  # "The measured time ... 1-2 sentences comparing"
+    "ddp_overlap_individual_parameters_benchmarking": {"a": 2},  # a table, "with 1-2 sentences comparing"
+    "ddp_bucketed_benchmarking": {"a": 4},  # "3-4 sentence commentary"
+    "communication_accounting": {"a": 1, "b": 1, "c": 1},  # "Your calculations and a one-sentence response"
+    "optimizer_state_sharding_accounting": {"a": 3, "b": 3, "c": 3},  # "2-3 sentence response"
+    "fsdp_accounting": {"a": 3, "b": 3},  # "2-3 sentence response"
+    "alternate_ring_all_reduce": {"": 1},  # "a one-sentence justification"
+    "data_parallel_calcs": {"a": 1, "b": 1, "c": 1},  # "a one-sentence justification"
+    "fsdp_calcs": {"a": 2, "b": 2, "c": 2},  # "two one-sentence justifications"
+    "tp_calcs": {"b": 2, "c": 2, "d": 2},  # "two one-sentence justifications"
+    "fsdp_tp_calcs": {"a": 1, "b": 1, "c": 4, "d": 4},  # "one-sentence"; "a few sentences and equations"
+}
+ONE_PARAGRAPH = {"communication_accounting": "d"}  # "A one-paragraph response"
+# Not the answer's sentences: what was run and on what, tables, figures, formulas, the code and tests
+# a problem is graded by, the pointer to what was not measured, and section 8's checks of a formula.
+NOT_COUNTED = ("|", "![", "*Setting:", "*Checked by*", "Not measured", "Code:", "Graded by")
+
+
+def lettered_parts(answer: str) -> dict[str, str]:
+    """An answer's text by lettered part, "**(a)**" to the next; "" holds what comes before any."""
+    pieces = re.split(r"\*\*\(([a-d])\)", answer)
+    parts = {"": pieces[0]}
+    for letter, body in zip(pieces[1::2], pieces[2::2]):
+        parts[letter] = parts.get(letter, "") + body
+    return parts
+
+
+def prose_paragraphs(text: str) -> list[str]:
+    """The paragraphs that are prose (see NOT_COUNTED), formulas taken out."""
+    text = re.sub(r"\$\$.*?\$\$", " ", text, flags=re.S)
+    return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip() and not p.strip().startswith(NOT_COUNTED)]
+
+
+def sentences(text: str) -> list[str]:
+    """The sentences of ``text``'s prose: split after ".", "!" or "?", not inside parentheses, inline
+    formulas, decimals or abbreviations, and without a sentence that is only a link to the details."""
+    prose = " ".join(line for p in prose_paragraphs(text) for line in p.splitlines()
+                     if not line.lstrip().startswith(NOT_COUNTED))
+    prose = re.sub(r"\$[^$]*\$", "x", prose)
+    prose = re.sub(r"(^|(?<=[.!?:]) )\[[^\]]+\]\([^)]+\)\.", " ", prose)
+    prose = re.sub(r"\]\([^)]+\)", "]", prose)
+    while re.search(r"\([^()]*\)", prose):
+        prose = re.sub(r"\([^()]*\)", "", prose)
+    prose = re.sub(r"\d\.\d", "0", prose)
+    prose = re.sub(r"\b(e\.g|i\.e|et al|Sec|vs|cf)\.", r"\1", prose)
+    return [s for s in re.split(r"(?<=[.!?])[*_]*\s+", prose) if re.search(r"\w", s)]
+
+
+def test_sentences_are_counted_as_a_reader_counts_them():
+    assert len(sentences("**(a)** One (e.g. two. three) is 1.5 ms. Two: $x. y$ here. [Details](d.md).")) == 2
+    assert len(sentences("| a. | b. |\n\n*Setting: x. y.*\n\nOne.\n\n$$a. b.$$\n\nTwo!")) == 2
+
+
+@pytest.mark.parametrize("which", ["planted", "committed"])
+def test_answers_keep_to_the_handouts_sentence_limits(rendered, which):
+    readme = rendered["readme"] if which == "planted" else (REPO / "writeup" / "README.md").read_text()
+    found = answers(readme)
+    over = []
+    for problem, limits in SENTENCE_LIMITS.items():
+        parts = lettered_parts(found.get(problem, ""))
+        for letter, limit in limits.items():
+            if len(counted := sentences(parts.get(letter, ""))) > limit:
+                over.append(f"{problem} ({letter or 'whole'}): {len(counted)} sentences, the handout asks at most "
+                            f"{limit}: {counted}")
+    for problem, letter in ONE_PARAGRAPH.items():
+        if len(paragraphs := prose_paragraphs(lettered_parts(found.get(problem, "")).get(letter, ""))) > 1:
+            over.append(f"{problem} ({letter}): {len(paragraphs)} paragraphs, the handout asks one")
+    assert not over, "\n".join(over)
+
+
 def test_every_details_page_is_linked_from_the_readme(rendered):
     for page in rendered["page"]:
         assert f"(details/{page}.md)" in rendered["readme"]

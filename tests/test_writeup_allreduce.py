@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.bench.allreduce import AllReduceRecord, GridPoint, measured_record, skipped_record
-from cs336_systems.results.environment import Environment
+from cs336_systems.results.environment import Environment, Load
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.paths import results_path
 from cs336_systems.writeup import render_writeup
@@ -31,15 +31,22 @@ PLANTED_O_S, PLANTED_W = 250e-6, 2e9  # the all-reduce line: 250 µs per call, 2
 TAG = "cpu2-test-xeon"
 
 
+def quiet(cores: int = 2, processes: int = 2) -> Load:
+    """A load record of a quiet machine: no other job runnable during the run (its timings are evidence)."""
+    return Load(before=0.2, after=1.9, cores=cores, processes=processes, others=0.0)
+
+
 def environment(device_type: str = "cpu", backend: str = "gloo", world_size: int = 2, cpu_count: int = 2,
-                gpu_count: int = 0, shared_gpu: bool = False) -> Environment:
+                gpu_count: int = 0, shared_gpu: bool = False, load: Load | None = None) -> Environment:
+    """A planted run's environment, on a quiet machine unless ``load`` says otherwise (a file that did
+    not record its load: ``dataclasses.replace(environment(), load=None)``)."""
     return Environment(
         hostname="testhost", platform="Linux-test", python_version="3.11.0", torch_version="2.99.0",
         cuda_version="12.9" if gpu_count else None, nccl_version="2.27.0" if gpu_count else None,
         cpu_model="Test Xeon Processor", cpu_count=cpu_count, gpu_name="Test GPU 80GB" if gpu_count else None,
         gpu_count=gpu_count, backend=backend, world_size=world_size, device_type=device_type, shared_gpu=shared_gpu,
         machine_tag="ignored", git_commit="abcdef0123456789abcdef0123456789abcdef01", git_dirty=False,
-        timestamp_utc="2031-01-02T03:04:05+00:00",
+        timestamp_utc="2031-01-02T03:04:05+00:00", load=load or quiet(cpu_count, world_size),
     )
 
 
@@ -154,7 +161,7 @@ def test_gpu_rows_say_gloo_stages_through_the_host_and_ranks_share_the_gpu(tmp_p
     assert "Machine `2xtest-gpu`" in md and "2× Test GPU 80GB" in md
     assert "| nccl | cuda | 2 |" in md and "| gloo | cuda (shared GPU) | 4 |" in md
     assert "not-measured-here" not in answer  # NCCL was measured: no gap left
-    assert "**nccl on cuda.**" in answer and "**gloo on cuda (ranks sharing a GPU).**" in answer
+    assert "**nccl on cuda:**" in answer and "**gloo on cuda (ranks sharing a GPU):**" in answer
     assert md.count("pinned host memory") == 1 and "take turns on 2 GPUs" in md
 
 

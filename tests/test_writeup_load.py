@@ -94,7 +94,8 @@ def test_the_setting_line_says_the_load_and_whether_timings_are_evidence():
         dataclasses.replace(environment(), load=QUIET), "x/y.json")
     assert "over its 2: timings not evidence" in fmt.setting_line(
         dataclasses.replace(environment(), load=LOADED), "x/y.json")
-    assert "load not recorded" in fmt.setting_line(environment(), "x/y.json")
+    assert "load not recorded: timings not evidence" in fmt.setting_line(
+        dataclasses.replace(environment(), load=None), "x/y.json")
 
 
 def test_a_refused_script_ends_with_one_line_and_status_3(tmp_path, monkeypatch):

@@ -25,6 +25,14 @@ def paired_differences(a: Sequence[float], b: Sequence[float]) -> list[float]:
     return [x - y for x, y in zip(a, b)]
 
 
+def round_means(values: Sequence[float], steps_per_round: int) -> list[float]:
+    """The mean of each round's consecutive ``steps_per_round`` values: the unit of pairing is the
+    round (steps of one round are timed back to back, so they share its load and are not independent)."""
+    if steps_per_round < 1 or len(values) % steps_per_round:
+        raise ValueError(f"{len(values)} steps do not split into rounds of {steps_per_round}")
+    return [statistics.fmean(values[i:i + steps_per_round]) for i in range(0, len(values), steps_per_round)]
+
+
 def _binomial_cdf_half(k: int, n: int) -> float:
     """P(X <= k) for X ~ Binomial(n, 1/2)."""
     return sum(math.comb(n, i) for i in range(k + 1)) / 2**n
@@ -62,10 +70,11 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[
 
 
 def paired_median(
-    a: Sequence[float], b: Sequence[float], confidence: float = 0.95
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, steps_per_round: int = 1
 ) -> tuple[float, tuple[float, float] | None]:
-    """(median of ``a[i] - b[i]``, its confidence interval or None)."""
-    differences = paired_differences(a, b)
+    """(median over rounds of ``a - b``, its confidence interval or None); ``a`` and ``b`` hold
+    ``steps_per_round`` steps per round, averaged within each round before pairing."""
+    differences = paired_differences(round_means(a, steps_per_round), round_means(b, steps_per_round))
     if not differences:
         raise ValueError("no rounds to compare")
     return statistics.median(differences), median_interval(differences, confidence)

@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from cs336_systems.results.files import ResultsError
+from cs336_systems.results.kinds import read_any
 from cs336_systems.results.paths import PROFILE_DIR
 
 
@@ -115,6 +117,22 @@ def cpu_suite(out: Path) -> list[BenchStep]:
         # Twelve configurations a round (four techniques, three implementations each).
         answers=(*CPU_DDP, "--rounds", "8"),
     ) + [fsdp_hybrid_step(out), *fsdp_module_steps(out, FSDP_MODULES_CPU)]
+
+
+def needs_retake(path: Path) -> bool:
+    """Whether a results file's timings decide nothing: missing or unreadable, no load record (taken
+    before it was recorded, on a machine others shared), or a load over the run's own."""
+    try:
+        load = read_any(path).environment.load
+    except (OSError, ResultsError):
+        return True
+    return load is None or load.exceeded
+
+
+def retake_suite(out: Path) -> list[BenchStep]:
+    """The steps of ``make bench`` whose results file under ``out`` :func:`needs_retake`, run on a
+    quiet machine: each file then records its load, and save_results refuses a run others shared."""
+    return [step for step in cpu_suite(out) if needs_retake(Path(step.out))]
 
 
 def fsdp_module_steps(out: Path, args: tuple[str, ...]) -> list[BenchStep]:

@@ -18,7 +18,8 @@ from cs336_systems.units import MB
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext
 from cs336_systems.writeup.ddp_analysis import STEP_KIND, ablation_runs, by_variant
-from cs336_systems.writeup.paired import paired, signed_ms
+from cs336_systems.bench.stats import one_side_chance
+from cs336_systems.writeup.paired import by_chance, paired, signed_ms
 
 DEFAULT, BF16, NO_FIRST = "bucketed-25MB", "bucketed-25MB-bf16", "bucketed-25MB-no-first"
 # (lever, the variant with that lever alone switched off), compared with the default.
@@ -28,12 +29,12 @@ LEVER_OFF = (("gradient views", "bucketed-25MB-copy"), ("first-bucket cap", NO_F
 
 def _run(machine, results) -> dict:
     records: list[StepRecord] = results.records
-    v = by_variant(records)
+    v, unfit = by_variant(records), fmt.not_evidence(results.environment)
     floor, torch_ddp, default, bf16 = v.get(COMPUTE_ONLY), v.get(TORCH_DDP), v.get(DEFAULT), v.get(BF16)
-    against = {r.variant: paired(r, torch_ddp) for r in records
+    against = {r.variant: paired(r, torch_ddp, unfit) for r in records
                if torch_ddp is not None and r.variant not in (COMPUTE_ONLY, TORCH_DDP)}
-    levers = [(lever, paired(v[name], default)) for lever, name in LEVER_OFF if name in v and default]
-    bf16_d = paired(bf16, default) if bf16 and default else None
+    levers = [(lever, paired(v[name], default, unfit)) for lever, name in LEVER_OFF if name in v and default]
+    bf16_d = paired(bf16, default, unfit) if bf16 and default else None
     comparisons = [*against.values(), *(d for _, d in levers), *([bf16_d] if bf16_d else [])]
     communicating = sorted((r for r in records if r.variant != COMPUTE_ONLY), key=lambda r: -r.median_step_s)
     rows = [[r.variant, r.n_buckets if r.n_buckets is not None else "–",
@@ -46,13 +47,15 @@ def _run(machine, results) -> dict:
     dtype = communication_dtype(BF16)
     env, threads = results.environment, results.notes.get("threads_per_rank")
     return dict(
-        heading=fmt.run_heading(machine, results), env=env, threads=threads,
+        heading=fmt.run_heading(machine, results), env=env, threads=threads, unfit=unfit,
         setting=fmt.workload_setting_line(results, f"{results.setting.get('rounds', '?')} interleaved rounds"),
         floor=floor, torch=torch_ddp, against=list(against.values()), levers=levers, bf16=bf16_d,
         bf16_error=bf16.comm_error_rel if bf16 else None,
         bits=round(-math.log2(torch.finfo(dtype).eps)) + 1 if dtype else None,
         rounding=torch.finfo(dtype).eps / 2 if dtype else None,
         n_comparisons=len(comparisons), n_resolved=sum(d.resolved for d in comparisons),
+        by_chance=by_chance(comparisons), rounds=len(records[0].step_times_s),
+        per_comparison=2 * (one_side_chance(len(records[0].step_times_s)) or 0.0),
         default_rank=next((i + 1 for i, r in enumerate(communicating) if r.variant == DEFAULT), None),
         n_communicating=len(communicating), first=(default, v[NO_FIRST]) if default and NO_FIRST in v and all(
             r.bucket_params and r.bucket_bytes for r in (default, v[NO_FIRST])) else None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from cs336_systems.bench.allreduce.record import AllReduceRecord, bus_bandwidth_factor
+from cs336_systems.bench.allreduce.setting import DEFAULT_MEMORY_FRACTION
 from cs336_systems.results.environment import Environment
 from cs336_systems.writeup import fmt, templating
 from cs336_systems.writeup.allreduce_analysis import (
@@ -123,6 +124,6 @@ def allreduce_page(ctx: RenderContext) -> Page:
             memory_fraction=results.setting.get("memory_fraction", 0.5), wall_s=results.notes.get("wall_s", 0),
             answer_figure=figure and ctx.answer_image(figure, f"all-reduce time and busbw against payload on {machine.tag}")))
     missing = [s.name for s in note_gaps(ctx, BENCHMARK, "the all-reduce benchmark")]
-    values = dict(runs=runs, missing=missing, details=details_link("allreduce"))
+    values = dict(runs=runs, missing=missing, details=details_link("allreduce"), guard=DEFAULT_MEMORY_FRACTION)
     return Page("allreduce", templating.render("details/allreduce.md.j2", **values),
                 {PROBLEM: templating.render(f"answers/{PROBLEM}.md.j2", **values)}, figures)

@@ -104,7 +104,8 @@ def answers_page(ctx: RenderContext) -> Page:
         places = [_place(w) for w in row.where]
         rows.append([f"`{row.name}`", row.situation, row.answer, "; ".join(p for p, _ in places),
                      sum(n for _, n in places)])
-    steps = [dict(tag=machine.tag, table=_step_table(results), setting=fmt.setting_line(
+    steps = [dict(tag=machine.tag, table=_step_table(results), resolved=_resolved(results),
+                  unfit=fmt.not_evidence(results.environment), setting=fmt.setting_line(
         results.environment, results.source, parts=[f"backend {results.environment.backend}",
                                                     f"world size {results.environment.world_size}"]))
              for machine, results in ctx.inputs.runs(AnswersStepRecord.KIND)]
@@ -117,12 +118,20 @@ def answers_page(ctx: RenderContext) -> Page:
     return Page("from_answer_to_library", markdown)
 
 
+def _resolved(results) -> list[str]:
+    """The rows whose difference from the library's step excludes zero, as "technique implementation"."""
+    return [f"{r.technique}: {r.implementation} − library" for r in results.records
+            if not fmt.not_evidence(results.environment) and r.vs_library_ci95_s and not r.vs_library_ci95_s[0] <= 0 <= r.vs_library_ci95_s[1]]
+
+
 def _step_table(results) -> str:
     """One row per (technique, implementation); the difference from the library is per round, paired."""
+    resolved = _resolved(results)
+
     def vs(r) -> str:
         if r.vs_library_s is None:
             return "–"
-        verdict = "" if not r.vs_library_ci95_s or r.vs_library_ci95_s[0] <= 0 <= r.vs_library_ci95_s[1] else " *"
+        verdict = " *" if f"{r.technique}: {r.implementation} − library" in resolved else ""
         return f"{fmt.ms(r.vs_library_s)} ({fmt.ms_interval(r.vs_library_ci95_s)}){verdict}"
 
     return fmt.table(["technique", "implementation", "median step (ms)", "95% interval", "minus the library's (ms, 95%)",

@@ -14,29 +14,30 @@ import statistics
 from cs336_systems.bench.stats import one_side_chance
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.variants import TORCH_DDP
-from cs336_systems.writeup.paired import Paired, paired
+from cs336_systems.writeup.paired import Paired, by_chance, paired
 
 REFERENCES = (TORCH_DDP, "per-parameter", "flat")
 
 
-def comparisons(sweep: list[StepRecord], v: dict[str, StepRecord]) -> list[Paired]:
+def comparisons(sweep: list[StepRecord], v: dict[str, StepRecord], unfit: str | None = None) -> list[Paired]:
     """Each size against the next larger one, then every size against torch DDP, per-parameter and flat."""
-    out = [paired(b, a) for a, b in zip(sweep, sweep[1:])]
-    return out + [paired(r, v[ref]) for ref in REFERENCES if ref in v for r in sweep]
+    out = [paired(b, a, unfit) for a, b in zip(sweep, sweep[1:])]
+    return out + [paired(r, v[ref], unfit) for ref in REFERENCES if ref in v for r in sweep]
 
 
 def _same_buckets(a: StepRecord, b: StepRecord) -> bool:
     return bool(a.bucket_bytes) and a.bucket_bytes == b.bucket_bytes
 
 
-def sweep_verdict(sweep: list[StepRecord], v: dict[str, StepRecord], differences: list[Paired]) -> dict:
+def sweep_verdict(sweep: list[StepRecord], v: dict[str, StepRecord], differences: list[Paired],
+                  unfit: str | None = None) -> dict:
     """Which neighbouring sizes are told apart, which sizes beat flat and per-parameter (resolved), the
     word ("yes": a size below the largest, so short of flat-like, beats both; "in part": some size beats one;
-    "no"), the noise (how many comparisons stay unresolved), the wins expected by chance over all of
+    "no"; None when the run's times are not evidence, ``unfit`` saying why), the noise (how many comparisons stay unresolved), the wins expected by chance over all of
     them, and the sizes that built the same buckets as another yet disagree with it against a reference
     (the same plan measured twice: a fact the page states beside the chance, not a discount)."""
     adjacent = differences[:max(len(sweep) - 1, 0)]
-    beats = {ref: [r for r in sweep if (d := paired(r, v[ref])).resolved and d.median_s < 0]
+    beats = {ref: [r for r in sweep if (d := paired(r, v[ref], unfit)).resolved and d.median_s < 0]
              for ref in ("flat", "per-parameter") if ref in v}
     twins = {ref: [(r, [x for x in sweep if x is not r and _same_buckets(x, r) and x not in found]) for r in found]
              for ref, found in beats.items()}
@@ -47,7 +48,8 @@ def sweep_verdict(sweep: list[StepRecord], v: dict[str, StepRecord], differences
                  width=statistics.median(d.interval_s[1] - d.interval_s[0] for d in with_interval if d.interval_s),
                  size=statistics.median(abs(d.median_s) for d in with_interval), rounds=with_interval[0].rounds,
                  per_comparison=one_side_chance(with_interval[0].rounds),
-                 by_chance=sum(one_side_chance(d.rounds) or 0.0 for d in with_interval)) if with_interval else None
+                 by_chance=by_chance(with_interval, sides=1)) if with_interval else None
     return dict(adjacent=len(adjacent), told_apart=[d for d in adjacent if d.resolved], beats=beats, noise=noise,
                 twins={ref: pairs for ref, pairs in twins.items() if pairs},
-                word="yes" if middle else "in part" if any(beats.values()) else "no", middle=middle)
+                word=None if unfit else "yes" if middle else "in part" if any(beats.values()) else "no",
+                middle=middle, unfit=unfit)

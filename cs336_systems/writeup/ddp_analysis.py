@@ -7,10 +7,11 @@ is read by the step benchmark's page (ddp_sections.py).
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 
 from cs336_systems.bench.step.record import StepRecord
-from cs336_systems.bench.step.variants import bucketed_name
+from cs336_systems.bench.step.variants import COMPUTE_ONLY, bucketed_name
 from cs336_systems.bench.allreduce.record import AllReduceRecord
 from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES  # the benchmarks train in float32
 from cs336_systems.ddp.overhead_model import (FitIntervals, exposed_overhead, minimum_exposed_overhead,
@@ -23,14 +24,23 @@ STEP_KIND = StepRecord.KIND
 ABLATION_RUN = f"{STEP_KIND}-ablation"  # the results file (stem) of the lever ablation
 
 
+def _in_rounds(results: ResultsFile) -> ResultsFile:
+    """A step run whose records pair by its setting's rounds (StepRecord.regrouped)."""
+    k = results.setting.get("steps_per_round") or 1
+    floor = next((r for r in results.records if r.variant == COMPUTE_ONLY), None)
+    if floor is None or all(r.steps_per_round == k for r in results.records):
+        return results
+    return dataclasses.replace(results, records=[r.regrouped(k, floor.step_times_s) for r in results.records])
+
+
 def step_runs(inputs: WriteupInputs) -> list[tuple[MachineResults, ResultsFile]]:
     """Every DDP step run but the lever ablation, machines in tag order."""
-    return [(m, f) for m, f in inputs.runs(STEP_KIND) if f.name != ABLATION_RUN]
+    return [(m, _in_rounds(f)) for m, f in inputs.runs(STEP_KIND) if f.name != ABLATION_RUN]
 
 
 def ablation_runs(inputs: WriteupInputs) -> list[tuple[MachineResults, ResultsFile]]:
     """The lever ablation of each machine that ran it."""
-    return [(m, f) for m, f in inputs.runs(STEP_KIND) if f.name == ABLATION_RUN]
+    return [(m, _in_rounds(f)) for m, f in inputs.runs(STEP_KIND) if f.name == ABLATION_RUN]
 
 
 def by_variant(records: list[StepRecord]) -> dict[str, StepRecord]:

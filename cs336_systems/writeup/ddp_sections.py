@@ -12,7 +12,7 @@ from typing import Any
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.variants import COMPUTE_ONLY, TORCH_DDP
 from cs336_systems.ddp.overhead_model import FitIntervals
-from cs336_systems.writeup import coverage, templating
+from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.allreduce_analysis import LinkFit
 from cs336_systems.writeup.bucket_plan import buckets, large_cap, parameter_shapes
 from cs336_systems.writeup.bucketed_section import comparisons, sweep_verdict
@@ -29,23 +29,23 @@ ANSWERED = ("naive_ddp_benchmarking", "minimal_ddp_flat_benchmarking", "ddp_over
             "ddp_bucketed_benchmarking")
 
 
-def _named(v: dict[str, StepRecord]) -> dict[str, Paired | None]:
+def _named(v: dict[str, StepRecord], unfit: str | None) -> dict[str, Paired | None]:
     """The comparisons the answers quote, None where a variant is missing."""
     def pair(a: str, b: str, sync: bool = False) -> Paired | None:
-        return None if a not in v or b not in v else paired_sync(v[a], v[b]) if sync else paired(v[a], v[b])
+        return None if a not in v or b not in v else (paired_sync if sync else paired)(v[a], v[b], unfit)
     return dict(flat=pair("flat", "naive"), flat_sync=pair("flat", "naive", True),
                 overlap=pair("per-parameter", "naive"), overlap_flat=pair("per-parameter", "flat"),
                 overlap_sync=pair("per-parameter", "naive", True))
 
 
 def _differences(v: dict[str, StepRecord], named: dict[str, Paired | None],
-                 sweep: list[StepRecord], rehearsal: bool) -> list[Paired]:
+                 sweep: list[StepRecord], rehearsal: bool, unfit: str | None) -> list[Paired]:
     """Every comparison of the run, once: the named ones, torch DDP against naive, and the sweep's; none
     at world size 1 and none against compute-only (the table's exposed overhead is that difference)."""
     if rehearsal:
         return []
-    torch_ddp = [paired(v[TORCH_DDP], v["naive"])] if TORCH_DDP in v and "naive" in v else []
-    found = [d for d in named.values() if d is not None] + torch_ddp + comparisons(sweep, v)
+    torch_ddp = [paired(v[TORCH_DDP], v["naive"], unfit)] if TORCH_DDP in v and "naive" in v else []
+    found = [d for d in named.values() if d is not None] + torch_ddp + comparisons(sweep, v, unfit)
     return list({(d.a, d.b, d.what): d for d in found}.values())  # each pair once, in first-found order
 
 
@@ -70,8 +70,9 @@ def ddp_run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -
     v, sweep = by_variant(records), bucket_sweep(records)
     floor, flat = v.get(COMPUTE_ONLY), v.get("flat")
     rehearsal = results.environment.world_size == 1
-    named = _named(v)
-    differences = _differences(v, named, sweep, rehearsal)
+    unfit = fmt.not_evidence(results.environment)
+    named = _named(v, unfit)
+    differences = _differences(v, named, sweep, rehearsal, unfit)
     stem = f"{machine.tag}_{results.name}"
     figures = [step_time_figure(records, f"step time per variant, {stem}", ctx.figure_path(f"{stem}_step_time.png"))]
     references = {n: v[n] for n in ("torch-ddp", "per-parameter", "flat") if n in v}
@@ -89,7 +90,7 @@ def ddp_run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -
         v=v, d=named, table=variant_table(records), differences=paired_table(differences) if differences else None,
         copies=copies, predicted=_predictions(run_fit(machine, results), s_bytes, v.get("naive"), line and line.intervals),
         s_bytes=s_bytes,
-        sweep=sweep, verdict=sweep_verdict(sweep, v, comparisons(sweep, v)) if sweep else None,
+        sweep=sweep, verdict=sweep_verdict(sweep, v, comparisons(sweep, v, unfit), unfit) if sweep else None,
         plans=[dict(record=r, buckets=buckets(r)) for r in sweep],
         large_cap=large_cap(sweep, s_bytes, parameter_shapes(results.setting)),
         images=[ctx.image(p, p.stem.replace("_", " ")) for p in figures], figures=figures)

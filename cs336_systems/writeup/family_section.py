@@ -16,9 +16,9 @@ from cs336_systems.writeup.context import Page, RenderContext
 from cs336_systems.writeup.paired import paired, signed_ms
 
 
-def _model(r: FamilyRecord) -> dict:
+def _model(r: FamilyRecord, unfit: str | None) -> dict:
     by = {s.variant: s for s in r.steps}
-    d = paired(by[AUTO_VARIANT], by[DEFAULT_VARIANT])
+    d = paired(by[AUTO_VARIANT], by[DEFAULT_VARIANT], unfit)
     same = by[AUTO_VARIANT].bucket_bytes == by[DEFAULT_VARIANT].bucket_bytes
     exposed = [f"{fmt.ms(s.exposed_overhead_s)} ({fmt.ms_interval(s.exposed_overhead_ci95_s)})"
                for s in (by[AUTO_VARIANT], by[DEFAULT_VARIANT], by[TORCH_DDP])]
@@ -36,11 +36,12 @@ def _model(r: FamilyRecord) -> dict:
 
 
 def _run(machine, results) -> dict:
-    models = [_model(r) for r in results.records]
+    unfit = fmt.not_evidence(results.environment)
+    models = [_model(r, unfit) for r in results.records]
     env, threads = results.environment, results.notes.get("threads_per_rank")
     warmup = results.setting.get("warmup_steps", 0)
     return dict(
-        heading=fmt.run_heading(machine, results), env=env, threads=threads, models=models,
+        heading=fmt.run_heading(machine, results), env=env, threads=threads, models=models, unfit=unfit,
         setting=fmt.setting_line(env, results.source, parts=[
             f"backend {env.backend}", f"world size {env.world_size}", f"{results.setting.get('rounds', '?')} "
             f"interleaved rounds, {warmup} warm-up step{'s' if warmup != 1 else ''} per variant"]),

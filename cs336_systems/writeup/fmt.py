@@ -127,12 +127,23 @@ def commit(env: Environment) -> str:
     return f"commit {env.git_commit[:7]}" + (" + uncommitted changes" if env.git_dirty else "")
 
 
+def not_evidence(env: Environment) -> str | None:
+    """Why a file's timings decide no verdict, or None when they may: the one rule for every row of
+    every page. A file that did not record the machine's load may have shared its cores with other
+    jobs (the CPU machine's older files were taken so), and one whose load was over decides nothing."""
+    if env.load is None:
+        return "load not recorded"
+    if env.load.exceeded:
+        return f"over its {env.load.limit}" if env.load.others is None else env.load.why_busy()
+    return None
+
+
 def load(env: Environment) -> str:
     """The machine's load around the run (results.environment.Load), or that it was not recorded."""
     if env.load is None:
-        return "load not recorded"
-    why = f"over its {env.load.limit}" if env.load.others is None else env.load.why_busy()
-    over = f", {why}: timings not evidence" if env.load.exceeded else ""
+        return "load not recorded: timings not evidence"
+    why = not_evidence(env)
+    over = f", {why}: timings not evidence" if why else ""
     counted = "" if env.load.others is None else f", other jobs {env.load.others:.2f} runnable"
     return f"load {env.load.before:.1f} before, {env.load.after:.1f} after on {env.load.cores} cores{counted}{over}"
 

@@ -23,14 +23,14 @@ COMMAND = "python scripts/bench_fsdp_modules.py --world-size {n} " + " ".join(FS
 
 def _run(results) -> dict:
     records: list[FsdpModuleRecord] = results.records
-    rows = []
+    rows, unfit = [], fmt.not_evidence(results.environment)
     for r in records:
         rows.append([r.case, r.description, f"{r.n_parameters / 1e6:.3g}M", fmt.ms(r.ours_median_s),
-                     fmt.ms(r.torch_median_s), f"{r.ratio_median:.2f}", fmt.ratio_interval(r.ratio_ci95), ratio_reading(r),
+                     fmt.ms(r.torch_median_s), f"{r.ratio_median:.2f}", fmt.ratio_interval(r.ratio_ci95), ratio_reading(r, unfit),
                      f"{fmt.mb(r.ours_resident_bytes)} / {fmt.mb(r.torch_resident_bytes)}",
                      "yes" if bytes_within(r.ours_resident_bytes, r.torch_resident_bytes) else "no",
                      f"{fmt.mb(r.ours_peak_bytes)} / {fmt.mb(r.torch_peak_bytes)}", f"{r.max_weight_difference:.1e}"])
-    readings = {r.case: ratio_reading(r) for r in records}
+    readings = {r.case: ratio_reading(r, unfit) for r in records}
     s = results.setting
     return dict(
         n=results.environment.world_size, backend=results.environment.backend,

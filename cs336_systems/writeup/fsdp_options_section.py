@@ -20,9 +20,12 @@ KIND = FsdpOptionRecord.KIND
 BYTES_TOLERANCE = 0.05  # "bytes held within 5% of torch's"
 
 
-def ratio_reading(r) -> str:
+def ratio_reading(r, unfit: str | None) -> str:
     """The verdict on a record's per-round step-time ratio (ours / torch's) from its 95% interval
-    (``ratio_ci95``): every FSDP table beside torch's reads its rows by this rule."""
+    (``ratio_ci95``): every FSDP table beside torch's reads its rows by this rule, none in a run whose
+    times are not evidence (``unfit``, fmt.not_evidence)."""
+    if unfit:
+        return f"not evidence: {unfit}"
     if r.ratio_ci95 is None:
         return "too few rounds for an interval"
     low, high = r.ratio_ci95
@@ -52,10 +55,10 @@ def _moved(payload: dict[str, float]) -> str:
 
 def _run(results) -> dict:
     records: list[FsdpOptionRecord] = results.records
-    rows, accounting = [], []
+    rows, accounting, unfit = [], [], fmt.not_evidence(results.environment)
     for r in records:
         rows.append([r.option, r.description, fmt.ms(r.ours_median_s), fmt.ms(r.torch_median_s),
-                     f"{r.ratio_median:.2f}", fmt.ratio_interval(r.ratio_ci95), ratio_reading(r),
+                     f"{r.ratio_median:.2f}", fmt.ratio_interval(r.ratio_ci95), ratio_reading(r, unfit),
                      f"{fmt.mb(r.ours_resident_bytes)} / {fmt.mb(r.torch_resident_bytes)}",
                      "yes" if bytes_within(r.ours_resident_bytes, r.torch_resident_bytes) else "no",
                      f"{fmt.mb(r.ours_peak_bytes)} / {fmt.mb(r.torch_peak_bytes)}",
@@ -68,9 +71,9 @@ def _run(results) -> dict:
             option=r.option, predicted=_moved(predicted), measured=_moved(counted),
             moved_equal=_same_bytes(counted, predicted), held_predicted=r.predicted_resident_bytes,
             held=r.ours_resident_bytes, held_torch=r.torch_resident_bytes))
-    no_slower = [r.option for r in records if r.ratio_ci95 is not None and r.ratio_ci95[1] <= 1.0]
+    no_slower = [r.option for r in records if not unfit and r.ratio_ci95 is not None and r.ratio_ci95[1] <= 1.0]
     return dict(
-        setting=fmt.workload_setting_line(results, f"{results.setting.get('rounds', '?')} rounds"),
+        setting=fmt.workload_setting_line(results, f"{results.setting.get('rounds', '?')} rounds"), unfit=unfit,
         n_parameters=results.notes.get("n_parameters"), backend=results.environment.backend,
         n=results.environment.world_size, tag=results.environment.machine_tag, accounting=accounting,
         moved_mismatched=[a["option"] for a in accounting if not a["moved_equal"]],

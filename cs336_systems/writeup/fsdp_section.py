@@ -102,10 +102,10 @@ def memory_runs(ctx: RenderContext) -> list[dict]:
     return runs
 
 
-def _paired(r: FsdpStepRecord) -> Paired | None:
+def _paired(r: FsdpStepRecord, unfit: str | None) -> Paired | None:
     interval = tuple(r.vs_fsdp_ci95_s) if r.vs_fsdp_ci95_s else None
     return None if r.vs_fsdp_s is None else Paired(NAMES[r.configuration], NAMES[FSDP], r.vs_fsdp_s, interval,
-                                                   len(r.step_times_s))
+                                                   len(r.step_times_s), unfit=unfit)
 
 
 def _bucketed_elsewhere(machine: MachineResults, results: ResultsFile) -> tuple[float, str] | None:
@@ -120,12 +120,12 @@ def _bucketed_elsewhere(machine: MachineResults, results: ResultsFile) -> tuple[
 
 def _run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> dict:
     records: list[FsdpStepRecord] = results.records
-    by = {r.configuration: r for r in records}
+    by, unfit = {r.configuration: r for r in records}, fmt.not_evidence(results.environment)
     named = [(NAMES.get(r.configuration, r.configuration), r) for r in records]
     # What each configuration is, in the writeup's words (the record's text may predate them).
     times = [[name, DESCRIPTIONS.get(r.configuration, r.description), fmt.ms(r.median_step_s), f"{fmt.ms(r.min_step_s)}–{fmt.ms(r.max_step_s)}",
               *(["–"] * 3 if d is None else [signed_ms(d.median_s), fmt.ms_interval(d.interval_s), d.reading]),
-              fmt.sig(r.tokens_per_s)] for name, r in named for d in [_paired(r)]]
+              fmt.sig(r.tokens_per_s)] for name, r in named for d in [_paired(r, unfit)]]
     memory = [[name, fmt.mb(r.peak_bytes), *(fmt.mb(v) for v in r.peak_parts.values()), fmt.mb(r.resident_bytes),
                fmt.sig(r.bytes_per_parameter)] for name, r in named]
     ddp = by.get(DDP)
@@ -139,10 +139,10 @@ def _run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> d
     n, psi = results.environment.world_size, records[0].n_parameters
     return dict(
         **_against_formula(by, n, psi),
-        tag=machine.tag, n=n, psi=psi, figure=figure, bucketed_elsewhere=_bucketed_elsewhere(machine, results),
+        tag=machine.tag, n=n, psi=psi, figure=figure, unfit=unfit, bucketed_elsewhere=_bucketed_elsewhere(machine, results),
         setting=fmt.workload_setting_line(results, f"{results.setting.get('rounds', '?')} rounds"),
         mode=by[FSDP].fsdp_mode if FSDP in by else None, peak={c: r.peak_bytes for c, r in by.items()},
-        torch=_paired(by[TORCH_FSDP]) if TORCH_FSDP in by and FSDP in by else None,
+        torch=_paired(by[TORCH_FSDP], unfit) if TORCH_FSDP in by and FSDP in by else None,
         timelines=[_timeline(n, t) for n, t in traced],
         image=figure and ctx.image(figure, f"FSDP timelines on {machine.tag}"),
         answer_image=figure and ctx.answer_image(figure, f"FSDP timelines on {machine.tag}"),
@@ -162,8 +162,7 @@ def fsdp_page(ctx: RenderContext) -> Page:
     memory, handout = memory_runs(ctx), handout_expectation(2)
     answer = templating.render("answers/fsdp_accounting.md.j2", runs=runs, missing=missing, c=names,
                                link=details_link("fsdp"), gaps=details_link("machines", "not-measured-here"),
-                               options=options, memory=memory, handout=handout, names=NAMES,
-                               sharded_link=details_link("optimizer_state_sharding"))
+                               memory=memory, handout=handout, names=NAMES)
     markdown = templating.render("details/fsdp.md.j2", runs=runs, missing=missing, c=names,
                                  gaps="machines.md#not-measured-here", options=options, modules=modules_runs(ctx))
     return Page("fsdp", markdown, {"fsdp_accounting": answer}, [r["figure"] for r in runs if r["figure"]])

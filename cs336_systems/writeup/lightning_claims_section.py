@@ -7,6 +7,7 @@ only; the words are in ``templates/details/lightning_claims.md.j2``.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 
 from cs336_systems.bench.claims.configs import CONFIGS
@@ -18,6 +19,7 @@ from cs336_systems.writeup import fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext
 
 FLOAT32_BYTES = 4
+OUTSIDE = "outside the claim's domain (no bf16 GPU)"
 KIND = ClaimsRecord.KIND
 SCRIPT = "scripts/bench_lightning.py"
 
@@ -27,18 +29,24 @@ def _ci(interval: tuple[float, float] | None, digits: int = 3) -> str:
 
 
 def not_evidence_reason(results) -> str | None:
-    """Why a claims run's timings are not evidence (other jobs loaded the machine), or None."""
-    load = results.environment.load
-    if load is not None and load.exceeded:
-        return f"taken at {load.describe()}: {load.why_busy()}"
-    return None
+    """Why a claims run's timings are not evidence (fmt.not_evidence, the rule of every page), or None."""
+    load, why = results.environment.load, fmt.not_evidence(results.environment)
+    return None if why is None else why if load is None else f"taken at {load.describe()}: {why}"
+
+
+def _outside_domain(v, env):
+    """A bf16 claim ("on GPUs that support it") measured on a CPU is outside its domain, not refuted."""
+    if env.device_type == "cpu" and v.claim.knob.startswith("precision") and v.verdict in (HOLDS, FAILS):
+        return dataclasses.replace(v, verdict=OUTSIDE)
+    return v
 
 
 def _run(machine, results) -> dict:
     records: list[ClaimsRecord] = results.records
     loaded = not_evidence_reason(results)
     per_process = bool(results.notes.get("fit_per_process"))
-    verdicts = judge_all(records, memory_evidence=per_process, speed_evidence=loaded is None)
+    verdicts = [_outside_domain(v, results.environment)
+                for v in judge_all(records, memory_evidence=per_process, speed_evidence=loaded is None)]
     claims = [[v.claim.knob, v.claim.change, v.claim.claimed, f"`{v.claim.baseline}` → `{v.claim.tuned}`",
                f"{v.speedup:.3f}× ({_ci(v.speedup_ci95)})", v.memory_text, v.verdict, v.memory_verdict or "–"]
               for v in verdicts]
@@ -83,6 +91,6 @@ def lightning_claims_page(ctx: RenderContext) -> Page:
     markdown = templating.render(
         "details/lightning_claims.md.j2", runs=runs, n_configs=len(CONFIGS), tolerance=BATCHNORM_TOLERANCE,
         gpu_command=f"python {SCRIPT} {one_gpu}", nccl_command=f"python {SCRIPT} {two_gpu}",
-        verdict_names=dict(holds=HOLDS, fails=FAILS, unresolved=UNRESOLVED, not_evidence=NOT_EVIDENCE),
+        verdict_names=dict(holds=HOLDS, fails=FAILS, unresolved=UNRESOLVED, not_evidence=NOT_EVIDENCE, outside=OUTSIDE),
         cpu_command="make bench")
     return Page("lightning_claims", markdown)

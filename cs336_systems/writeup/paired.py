@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from cs336_systems.bench.stats import median_interval, paired_median
+from cs336_systems.bench.stats import median_interval, one_side_chance, paired_median
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.writeup import fmt
 
@@ -32,15 +32,19 @@ class Paired:
     interval_s: tuple[float, float] | None  # its 95% sign-test interval; None: too few rounds
     rounds: int
     what: str = "step"  # what was compared: "step", or "sync after backward"
+    unfit: str | None = None  # why the run's times decide nothing (fmt.not_evidence); None: they may
 
     @property
     def resolved(self) -> bool:
-        """Whether the interval excludes zero (the sign of the difference is a finding)."""
-        return self.interval_s is not None and (self.interval_s[0] > 0 or self.interval_s[1] < 0)
+        """Whether the interval excludes zero (the sign of the difference is a finding) in a run whose
+        times are evidence."""
+        return self.unfit is None and self.interval_s is not None and (self.interval_s[0] > 0 or self.interval_s[1] < 0)
 
     @property
     def reading(self) -> str:
-        """A table cell: "a slower", "a faster", "indistinguishable here", or "no interval"."""
+        """A table cell: "a slower", "a faster", "indistinguishable here", "no interval", or "not evidence"."""
+        if self.unfit:
+            return f"not evidence: {self.unfit}"
         if self.interval_s is None:
             return f"no 95% interval ({self.rounds} rounds; it needs {fewest_rounds_for_an_interval()})"
         if not self.resolved:
@@ -48,18 +52,27 @@ class Paired:
         return f"{self.a} {'slower' if self.median_s > 0 else 'faster'}"
 
 
-def paired(a: StepRecord, b: StepRecord) -> Paired:
-    """The paired difference of two records' steps (one run)."""
-    difference, interval = paired_median(a.step_times_s, b.step_times_s)
-    return Paired(a.variant, b.variant, difference, interval, len(a.step_times_s))
+def paired(a: StepRecord, b: StepRecord, unfit: str | None = None) -> Paired:
+    """The paired difference of two records' steps (one run; ``unfit``: fmt.not_evidence of its file)."""
+    difference, interval = paired_median(a.step_times_s, b.step_times_s, steps_per_round=a.steps_per_round)
+    return Paired(a.variant, b.variant, difference, interval, len(a.step_times_s) // a.steps_per_round, unfit=unfit)
 
 
-def paired_sync(a: StepRecord, b: StepRecord) -> Paired | None:
+def paired_sync(a: StepRecord, b: StepRecord, unfit: str | None = None) -> Paired | None:
     """The paired difference of two records' synchronisation after backward; None if one has none."""
     if not a.sync_times_s or not b.sync_times_s:
         return None
-    difference, interval = paired_median(a.sync_times_s, b.sync_times_s)
-    return Paired(a.variant, b.variant, difference, interval, len(a.sync_times_s), "sync after backward")
+    difference, interval = paired_median(a.sync_times_s, b.sync_times_s, steps_per_round=a.steps_per_round)
+    return Paired(a.variant, b.variant, difference, interval, len(a.sync_times_s) // a.steps_per_round,
+                  "sync after backward", unfit)
+
+
+def by_chance(differences: Iterable[Paired], sides: int = 2) -> float:
+    """The one multiple-comparison rule of every page: each resolved interval counts, and beside the
+    count stands how many of the comparisons would resolve by chance alone were nothing different: the
+    sign test's actual error per comparison (:func:`one_side_chance` per side, 1.06% at 16 rounds, not a
+    nominal 2.5%), summed over those with an interval. ``sides``: 1 for wins in one direction."""
+    return sum(sides * (one_side_chance(d.rounds) or 0.0) for d in differences if d.interval_s is not None)
 
 
 def signed_ms(seconds: float) -> str:

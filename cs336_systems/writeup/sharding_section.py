@@ -14,6 +14,7 @@ from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.load import MachineResults, ResultsFile
 from cs336_systems.writeup.paired import Paired
+from cs336_systems.writeup.step_setting import HANDOUT_MODEL
 
 KIND = AccountingRecord.KIND
 ANSWERED = ("after_init", "before_step", "after_step")  # the points the handout asks about
@@ -25,10 +26,10 @@ def _peak(records: list[AccountingRecord], point: str) -> float:
     return max(r.phase(point).peak_above_baseline_bytes for r in records)
 
 
-def _paired(records: list[AccountingRecord], times: str) -> Paired | None:
+def _paired(records: list[AccountingRecord], times: str, unfit: str | None) -> Paired | None:
     found = sharded_minus_unsharded(records, times)
     rounds = len(records[0].step_times_s)
-    return None if found is None else Paired(SHARDED, UNSHARDED, found[0], found[1], rounds)
+    return None if found is None else Paired(SHARDED, UNSHARDED, found[0], found[1], rounds, unfit=unfit)
 
 
 def _step_benchmark_naive(machine: MachineResults, results: ResultsFile) -> float | None:
@@ -68,7 +69,7 @@ def _run(machine: MachineResults, results: ResultsFile) -> dict:
     noise = max((abs(u.phase(p).peak_above_baseline_bytes - sh.phase(p).peak_above_baseline_bytes)
                  for p in PHASES[:2] for u, sh in zip(by[UNSHARDED], by[SHARDED])), default=0)
     return dict(
-        tag=machine.tag, method=records[0].method, n=n, b=records[0].parameter_bytes, psi=records[0].n_parameters,
+        tag=machine.tag, model=s.get("model_size"), method=records[0].method, n=n, b=records[0].parameter_bytes, psi=records[0].n_parameters,
         setting=fmt.setting_line(env, results.source, parts=[
             f"backend {env.backend}", f"world size {n}",
             f"model {s.get('model_size', '?')} ({fmt.sig(records[0].n_parameters / 1e6)}M parameters)",
@@ -78,8 +79,8 @@ def _run(machine: MachineResults, results: ResultsFile) -> dict:
         init=init, chunk=DEFAULT_CHUNK_BYTES, both=both, noise=noise,
         state={c: max(r.optimizer_state_bytes for r in by[c]) for c in configs},
         peaks={c: {p: _peak(by[c], p) for p in ANSWERED} for c in configs},
-        step=_paired(records, "step_times_s") if both else None,
-        optimizer=_paired(records, "optimizer_step_times_s") if both else None,
+        step=_paired(records, "step_times_s", fmt.not_evidence(env)) if both else None,
+        optimizer=_paired(records, "optimizer_step_times_s", fmt.not_evidence(env)) if both else None,
         medians={c: by[c][0].median_step_s for c in configs},
         naive_elsewhere=_step_benchmark_naive(machine, results), shared_gpu=env.shared_gpu,
         rounds=s.get("steps"), device=env.device_type,
@@ -98,9 +99,14 @@ def _run(machine: MachineResults, results: ResultsFile) -> dict:
 def sharding_page(ctx: RenderContext) -> Page:
     runs = [_run(machine, results) for machine, results in ctx.inputs.runs(KIND) if results.records]
     missing = [s.name for s in coverage.note_gaps(ctx, KIND, "optimizer state sharding accounting")]
-    answer = templating.render("answers/optimizer_state_sharding_accounting.md.j2", runs=runs, missing=missing,
-                               gaps=details_link("machines", "not-measured-here"),
-                               link=details_link("optimizer_state_sharding"))
+    # One answer per part: the run at the handout's model answers; any other run's answer is on the page.
+    main = next((r for r in runs if r["model"] == HANDOUT_MODEL), runs[0]) if runs else None
+    kept = dict(missing=missing, gaps=details_link("machines", "not-measured-here"),
+                link=details_link("optimizer_state_sharding"))
+    answer = templating.render("answers/optimizer_state_sharding_accounting.md.j2", runs=runs[:1] and [main],
+                               others=[r for r in runs if r is not main], **kept)
+    others = [templating.render("answers/optimizer_state_sharding_accounting.md.j2", runs=[r], missing=[], others=[],
+                                link="optimizer_state_sharding.md", gaps="machines.md#not-measured-here") for r in runs if r is not main]
     markdown = templating.render("details/optimizer_state_sharding.md.j2", runs=runs, missing=missing,
-                                 gaps="machines.md#not-measured-here")
+                                 gaps="machines.md#not-measured-here", others=others)
     return Page("optimizer_state_sharding", markdown, {"optimizer_state_sharding_accounting": answer})

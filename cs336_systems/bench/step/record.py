@@ -15,6 +15,7 @@ narrower communication dtype against float32 on the same gradients.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -56,22 +57,25 @@ class StepRecord(Record):
     pack_times_s: list[float] | None = None  # flat: copying every gradient into the flat buffer, timed
     # after each timed step on buffers like flat's (slowest rank); None for other variants
     unpack_times_s: list[float] | None = None  # flat: copying the buffer back into the gradients, likewise
+    steps_per_round: int = 1  # timed steps per round: pairing averages each round's (files from before
+    # this field paired single steps; the writeup regroups them by their setting, see regrouped())
     comm_error_rel: float | None = None  # a narrower comm dtype: ||average in it - float32 average|| /
     # ||float32 average|| (L2), both from one reduction of the same local gradients
 
     @classmethod
     def from_steps(cls, variant: str, step_times_s: list[float], compute_only_s: list[float], tokens_per_step: int,
-                   sync_times_s: list[float] | None = None, **measured: Any) -> StepRecord:
+                   sync_times_s: list[float] | None = None, steps_per_round: int = 1, **measured: Any) -> StepRecord:
         """The record of ``variant``'s timed steps, with the figures derived from them.
 
         ``step_times_s`` and ``compute_only_s`` are the slowest rank's, step ``i`` of both timed in
         the same round: the exposed overhead is their per-round difference, whose median comes
         with a distribution-free 95% interval (bench/stats.py), pairing cancelling most of the
-        machine's drift. ``measured``: the remaining fields as measured (buckets, copies, errors).
+        machine's drift; a round of several steps counts once, by their mean. ``measured``: the
+        remaining fields as measured (buckets, copies, errors).
         """
         steps = sorted(step_times_s)
         median_step = statistics.median(steps)
-        exposed, interval = paired_median(step_times_s, compute_only_s)
+        exposed, interval = paired_median(step_times_s, compute_only_s, steps_per_round=steps_per_round)
         return cls(
             variant=variant,
             step_times_s=list(step_times_s),
@@ -86,8 +90,20 @@ class StepRecord(Record):
             exposed_share=exposed / median_step,
             tokens_per_s=tokens_per_step / median_step,
             steps_timed=len(steps),
+            steps_per_round=steps_per_round,
             **measured,
         )
+
+    def regrouped(self, steps_per_round: int, compute_only_s: list[float]) -> StepRecord:
+        """This record paired by rounds of ``steps_per_round`` steps: a file written before
+        ``steps_per_round`` was a field paired every step as if it were a round, which narrows the
+        interval of a run with several steps per round (the H100 run: 16 steps in 8 rounds)."""
+        if steps_per_round == self.steps_per_round:
+            return self
+        exposed, interval = paired_median(self.step_times_s, compute_only_s, steps_per_round=steps_per_round)
+        return dataclasses.replace(self, steps_per_round=steps_per_round, exposed_overhead_s=exposed,
+                                   exposed_overhead_ci95_s=list(interval) if interval else None,
+                                   exposed_share=exposed / self.median_step_s)
 
     @property
     def sync_share(self) -> float | None:

@@ -221,6 +221,7 @@ def _benchmark_rank(ctx: RankContext, setting: StepSetting) -> StepRun:
         has_sync_phase = name not in (COMPUTE_ONLY, TORCH_DDP)  # the same on every rank
         records.append(StepRecord.from_steps(
             name, step_times[name], step_times[COMPUTE_ONLY], setting.tokens_per_step,
+            steps_per_round=setting.steps_per_round,
             sync_times_s=slowest_rank(m.sync, small) if has_sync_phase else None,
             allreduce_calls_per_step=statistics.median(m.calls) if m.calls else None,
             pack_times_s=slowest_rank(m.pack, small) if m.pack else None,
