@@ -8,7 +8,10 @@ what it read (grading/memory.py).
   the correct fixture, measured under load: a spread of 0.1 MB): the correct one passes, a
   weight or a share short fails, and the finding says what a TA needs; judged beyond what the
   grader's own ranks hold (a calibration whose failure is the grader's) and the submission's
-  import (at most 1 MB of it).
+  import (all of it: what a rank does before its model exists is not what it stores).
+* The verdict hears every witness (memory.judged): a finding stands only when a second run,
+  judged whole, repeats it and the ranks' own tensors agree; where a witness disagrees the
+  problem is held for review.
 
 What a rank's memory cgroup counts is tests/test_grading_rank_cgroups.py's.
 """
