@@ -51,7 +51,7 @@ else
 endif
 
 autograder: env ## autograder.zip for Gradescope (EDITION=2026|2025, default 2026: the course's rubric): setup.sh, run_autograder, the grader
-	$(PY) -m grading.autograder autograder.zip $(or $(EDITION),2026)
+	$(PY) -m grading.course.autograder autograder.zip $(or $(EDITION),2026)
 
 # python -m tests.answers_fixture /tmp/answers  (the answers as a submission), then
 # make footprint FOOTPRINT_ARGS="--submissions /tmp/answers --quotas 1 0.5 --repeats 2 --out writeup/footprint/<tag>/x.json"

@@ -13,7 +13,7 @@ import signal
 import sys
 from pathlib import Path
 
-from grading.course import EXECUTORS, grade_folder, safe_name
+from grading.course.course import EXECUTORS, grade_folder, safe_name
 from grading.harness import Limits, grade
 from grading.problems import GRADED
 from grading.selfcheck import GraderFailure, SetupError

@@ -39,9 +39,13 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from grading import intake, report, review, sandbox, selfcheck
-from grading.containment import Containment, ContainmentError, limit, namespaces_available, package_paths
-from grading.outcomes import SLOW_FRACTION, Outcomes
+from grading.intake import intake
+from grading.reports import report
+from grading.readings import review
+from grading.isolation import sandbox
+from grading import selfcheck
+from grading.isolation.containment import Containment, ContainmentError, limit, namespaces_available, package_paths
+from grading.reports.outcomes import SLOW_FRACTION, Outcomes
 from grading.problems import GRADED, hand_graded
 from grading.selfcheck import GRADER_FAILURE
 
@@ -155,7 +159,7 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
         os.close(held)
 
 
-# grade.md's line where the ranks' traffic cannot be read (grading/traffic.py): no namespace of
+# grade.md's line where the ranks' traffic cannot be read (grading/readings/traffic.py): no namespace of
 # their own, so the loopback is the machine's (Gradescope: root without user namespaces).
 NOT_CHECKED = ("Not checked on this grader: the bytes the ranks carry, read from outside them on the loopback of the "
                "run's own network namespace, which this machine cannot make. FSDP: test_gradients_are_reduce_scattered "
@@ -249,11 +253,11 @@ def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, lim
         env["GRADING_PROBLEMS"] = ",".join(only)
     reader, writer = os.pipe()
     pytest_args = ["-c", str(grader / "pytest.ini"), "--rootdir", str(grader),
-                   "-p", "grading.plugin", "-p", "no:cacheprovider", "-q", "--tb=short",
+                   "-p", "grading.reports.plugin", "-p", "no:cacheprovider", "-q", "--tb=short",
                    f"--grading-repeats={repeats}", f"--grading-fd={writer}",
                    "-o", f"timeout={int(limits.test_timeout_s + 60)}", "-o", "timeout_method=thread",
                    str(grader / "grading" / "suite"), *(["-k", select] if select else [])]
-    command = containment.command([sys.executable, "-m", "grading.sandbox", *pytest_args])
+    command = containment.command([sys.executable, "-m", "grading.isolation.sandbox", *pytest_args])
     not_run = "not run"
     cpu_s = int(limits.submission_timeout_s * 2)
     with open(out / "pytest.log", "wb") as log:

@@ -73,8 +73,8 @@ _passed: set[tuple] = set()
 
 
 def _setting(limits) -> tuple:
-    from grading import student
-    from grading.containment import namespaces_available
+    from grading.isolation import student
+    from grading.isolation.containment import namespaces_available
 
     return sys.executable, namespaces_available(), student.can_switch(), limits.memory_gb, limits.open_files
 

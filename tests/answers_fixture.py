@@ -154,7 +154,7 @@ ANSWER_MUTANTS: dict[str, list[tuple[str, str, str]]] = {
                            (FSDP_FILE, "        work.wait()\n        return full\n",
                             "        work.wait()\n        return full.to(self.fsdp.compute_dtype or full.dtype)\n")],
     # the suite's holds patched away in the rank (it runs beside the suite's code): no phase can be attributed
-    "skips_holds": [(FSDP_FILE, "\nclass _Layer:", "\nimport grading.traffic\n\ngrading.traffic.hold = lambda *args: b\"\"\n\n\n"
+    "skips_holds": [(FSDP_FILE, "\nclass _Layer:", "\nimport grading.readings.traffic\n\ngrading.readings.traffic.hold = lambda *args: b\"\"\n\n\n"
                                                   "class _Layer:")],
     # a child process that wakes its rank (SIGCONT) every millisecond (a stopped rank's own threads
     # cannot): no hold can be read as the group's

@@ -23,9 +23,9 @@ from pathlib import Path
 
 os.environ["GRADING_NAMESPACES"] = "0"
 
-from grading import sandbox  # noqa: E402
-from grading.containment import REPOSITORY, _closed_ancestors  # noqa: E402
-from grading.course import grade_folder  # noqa: E402
+from grading.isolation import sandbox  # noqa: E402
+from grading.isolation.containment import REPOSITORY, _closed_ancestors  # noqa: E402
+from grading.course.course import grade_folder  # noqa: E402
 from grading.harness import Limits, grade  # noqa: E402
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from cs336_systems.problems import AUTO_GRADED_POINTS, TESTED_POINTS, GradeRecord
-from grading import report
+from grading.reports import report
 from cs336_systems.launch import default_device_type
 from cs336_systems.results.environment import collect_environment
 from cs336_systems.results.files import ResultsFile, write_results

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from grading.autograder import ROOT, build
-from grading.course import grade_folder
+from grading.course.autograder import ROOT, build
+from grading.course.course import grade_folder
 from grading.harness import grade
 from tests.test_grading import QUICK, ZERO, assert_gradescope_schema, make_submission
 

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from grading.course import grade_folder
+from grading.course.course import grade_folder
 from grading.harness import Limits, grade
 from grading.problems import POINTS, RUBRIC
-from grading.report import shares
+from grading.reports.report import shares
 from tests.answers_fixture import apply_mutant, build_answers_submission
 
 pytestmark = pytest.mark.problem("beyond")
@@ -293,7 +293,7 @@ def test_folder_of_checkouts_and_zips_gives_one_csv_row_each(tmp_path):
 def test_a_test_scores_only_if_every_repetition_passes():
     """Points from the plugin's JSON lines: all runs pass -> full share; some -> flaky, 0; a test
     collected but never run (the time limit) -> 0 with the reason given."""
-    from grading.report import grade_tests, problem_grades
+    from grading.reports.report import grade_tests, problem_grades
 
     entries = [{"collected": f"t{i}", "problem": ZERO} for i in range(4)]
     entries += [{"test": "t0", "problem": ZERO, "passed": True, "reason": ""}] * 3
@@ -334,7 +334,7 @@ def test_packages_are_found_where_the_projects_pyproject_says(tmp_path):
 
 
 def test_repetitions_collapse_into_one_test_wherever_pytest_puts_them():
-    from grading.plugin import test_name
+    from grading.reports.plugin import test_name
 
     assert test_name("grading/suite/t.py::f[rep1]") == "t.py::f"
     assert test_name("grading/suite/t.py::f[2-rep3]") == "t.py::f[2]"

@@ -1,6 +1,6 @@
 """Correct code keeps every point whatever it imports or prints (issue 46).
 
-The grader reads what a rank stores from outside it (grading/memory.py), and what a rank does
+The grader reads what a rank stores from outside it (grading/readings/memory.py), and what a rank does
 before its model exists is in that reading unless taken out by design. Each of these once cost
 the answers points they deserve: the course's own ``cs336_basics`` (its model imports einx,
 einops and jaxtyping: 25/35), an adapters file that imports a ``torch.compile``'d FlashAttention

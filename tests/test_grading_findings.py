@@ -17,7 +17,7 @@ import textwrap
 import pytest
 import torch
 
-from grading.checks import compare
+from grading.suite.checks import compare
 
 pytestmark = pytest.mark.problem("beyond")
 
@@ -57,7 +57,7 @@ def test_a_stub_adapter_runs_once(tmp_path):
         def test_wrong():
             pytest.fail("rank 0: parameter w differs", pytrace=False)
         '''))
-    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "grading.plugin", "-p", "no:cacheprovider",
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "grading.reports.plugin", "-p", "no:cacheprovider",
                           "--grading-repeats", "3", "-q", "-rs", "-c", "/dev/null", str(tmp_path)],
                          capture_output=True, text=True, timeout=120)
     assert "4 failed, 2 skipped" in out.stdout, out.stdout[-2000:]

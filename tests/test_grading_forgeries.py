@@ -141,7 +141,7 @@ def test_reports_are_data_never_code():
 
     import torch
 
-    from grading import wire
+    from grading.isolation import wire
 
     sent = {"scalar": torch.tensor(1.5), "view": torch.randn(3, 2).t(), "half": torch.ones(2, dtype=torch.bfloat16),
             "plain": [1, "x", None, True], "empty": torch.empty(0, 3)}

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from grading import student
-from grading.containment import namespaces_available
-from grading.course import grade_folder, output_names
+from grading.isolation import student
+from grading.isolation.containment import namespaces_available
+from grading.course.course import grade_folder, output_names
 from grading.harness import Limits, grade
-from grading.submission import python_roots
+from grading.intake.submission import python_roots
 from tests.hostile import build, hostile
 from tests.test_grading import ZERO
 

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from grading import harness, intake
-from grading.files import MAX_TEXT_BYTES, read_regular, unpack
-from grading.autograder import build
-from grading.submission import missing_packages, uninitialised_submodules
+from grading import harness
+from grading.intake import intake
+from grading.intake.files import MAX_TEXT_BYTES, read_regular, unpack
+from grading.course.autograder import build
+from grading.intake.submission import missing_packages, uninitialised_submodules
 from tests.answers_fixture import adapters_text, build_answers_submission
 
 pytestmark = pytest.mark.problem("beyond")
@@ -151,7 +152,7 @@ def test_the_autograder_package_pins_the_courses_edition(tmp_path):
 
 def test_the_submodule_line_is_short_where_staff_read_it(tmp_path):
     from grading.harness import Graded
-    from grading.summary import short_remarks
+    from grading.reports.summary import short_remarks
 
     root = tmp_path / "checkout"
     (root / "tests").mkdir(parents=True)
@@ -163,7 +164,8 @@ def test_the_submodule_line_is_short_where_staff_read_it(tmp_path):
 
 
 def test_a_folder_others_can_read_is_refused_without_namespaces_unless_asked(tmp_path, monkeypatch):
-    from grading import course, student
+    from grading.course import course
+    from grading.isolation import student
     from grading.selfcheck import SetupError
 
     if not student.can_switch():

@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 
-from grading import share
-from grading.outcomes import Outcomes, failure_key, same_slow_failure
+from grading.isolation import share
+from grading.reports.outcomes import Outcomes, failure_key, same_slow_failure
 
 pytestmark = pytest.mark.problem("beyond")
 
@@ -128,7 +128,7 @@ def test_outcomes_stop_once_the_rule_holds_and_count_what_never_ran():
 
 
 def test_clean_up_scans_every_shared_folder_whatever_the_uid_left_in_one(tmp_path, monkeypatch):
-    from grading import student
+    from grading.isolation import student
 
     if not student.can_switch():
         pytest.skip("files of another uid can be made by root only")

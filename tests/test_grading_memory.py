@@ -1,5 +1,5 @@
-"""The grader reads a rank's memory from outside it (grading/outside.py) and judges sharding from
-what it read (grading/memory.py).
+"""The grader reads a rank's memory from outside it (grading/readings/outside.py) and judges sharding from
+what it read (grading/readings/memory.py).
 
 * The pause protocol on a plain forked process: what it allocates between two pauses shows in
   the grader's reading, whatever the process names or hides; a process that does not stop is
@@ -26,12 +26,12 @@ import time
 import pytest
 import torch
 
-from grading import outside
-from grading import review
-from grading.checks import Run, findings
-from grading.memory import FREED_HANDOUT, MB, freed_finding, judged, state_finding, weights_finding
+from grading.readings import outside
+from grading.readings import review
+from grading.suite.checks import Run, findings
+from grading.readings.memory import FREED_HANDOUT, MB, freed_finding, judged, state_finding, weights_finding
 from grading.problems import named_for
-from grading.ranks import _frame
+from grading.isolation.ranks import _frame
 
 pytestmark = pytest.mark.problem("beyond")
 
@@ -243,8 +243,8 @@ def test_every_rank_starts_alike():
     """Point tests are not told apart by their start-up: every rank of every test has the
     collector's permanent generation filled (the measured tests' collection relies on it), not
     only the measured ones; and a rank that never pauses reports no reading."""
-    from grading import wire
-    from grading.ranks import run_ranks
+    from grading.isolation import wire
+    from grading.isolation.ranks import run_ranks
 
     reports = run_ranks(_start_up, 2, [wire.encode({})] * 2, timeout_s=60)
     assert all(r["frozen"] > 10_000 and r[outside.KEY] == [] for r in reports), reports
@@ -300,8 +300,8 @@ def _grader_rank_that_fails(ctx, job) -> dict:
 def test_a_calibration_that_fails_is_the_graders_failure():
     """The grader's own ranks run no submission code: when they fail, the test fails as a grader
     failure (the grading stops with no grade written), never as the submission's."""
-    from grading import wire
-    from grading.memory import calibrated
+    from grading.isolation import wire
+    from grading.readings.memory import calibrated
     from grading.selfcheck import GRADER_FAILURE
 
     with pytest.raises(pytest.fail.Exception, match=f"^{GRADER_FAILURE}the grader's own ranks.*out of memory, say"):

@@ -1,4 +1,4 @@
-"""Sharded optimizers graded where each rank's memory is its own cgroup's charge (grading/rank_cgroups.py).
+"""Sharded optimizers graded where each rank's memory is its own cgroup's charge (grading/isolation/rank_cgroups.py).
 
 * An unsharded optimizer that moves its whole state out of every process of the rank between
   steps and back for the next step: at world size 2 into files (rank 0 in its ``$HOME``, rank 1
@@ -24,7 +24,7 @@ import uuid
 
 import pytest
 
-from grading import share
+from grading.isolation import share
 from grading.harness import grade
 from grading.problems import named_for
 from tests.test_grading import FSDP, QUICK, ZERO, failures, points

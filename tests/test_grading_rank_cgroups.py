@@ -1,4 +1,4 @@
-"""A memory cgroup per rank (grading/rank_cgroups.py): what the grader's reading of a rank counts.
+"""A memory cgroup per rank (grading/isolation/rank_cgroups.py): what the grader's reading of a rank counts.
 
 * Memory moved out of every process of a rank between pauses (a file in /dev/shm, a file in its
   TMPDIR, a double-forked helper, pipe buffers, loopback TCP buffers) shows in the reading,
@@ -16,8 +16,8 @@ import signal
 
 import pytest
 
-from grading import outside
-from grading.memory import MB
+from grading.readings import outside
+from grading.readings.memory import MB
 
 pytestmark = pytest.mark.problem("beyond")
 
@@ -89,8 +89,8 @@ def test_memory_moved_out_of_the_rank_is_counted():
     shows in the grader's reading (at least 7.5 MB more at each pause), where the rank's resident
     memory misses all five; the helper is killed with the test's ranks. Skipped where this
     grader may make no cgroup (the readings are then the resident memory alone)."""
-    from grading import rank_cgroups, wire
-    from grading.ranks import run_ranks
+    from grading.isolation import rank_cgroups, wire
+    from grading.isolation.ranks import run_ranks
 
     if rank_cgroups.RankCgroups.make(1) is None:
         pytest.skip("no memory cgroup can be made here: ranks are read from /proc alone")
@@ -108,7 +108,7 @@ def test_memory_moved_out_of_the_rank_is_counted():
 def test_a_rank_cannot_leave_its_cgroup():
     """A process of another uid than the grader's (as ranks run when the grader is root) cannot
     move itself out of its rank's cgroup: into its parent, into the grader's own, or the root."""
-    from grading import rank_cgroups
+    from grading.isolation import rank_cgroups
 
     if os.geteuid() != 0:
         pytest.skip("ranks run as another uid only when the grader is root")
@@ -153,7 +153,7 @@ def test_a_rank_cgroup_is_read_alike_on_v1_and_v2(tmp_path, kind, files):
     judged bytes are the resident anonymous memory of the processes listed in it plus its page
     cache, kernel and socket charges; the whole charge is kept beside them, not judged (v1 adds
     its TCP counter, which its usage leaves out)."""
-    from grading import rank_cgroups
+    from grading.isolation import rank_cgroups
 
     for name, text in files.items():
         (tmp_path / name).write_text(text)

@@ -24,8 +24,9 @@ import pytest
 
 import torch
 
-from grading import checks, models, wire
-from grading.ranks import Rank, _reasons, run_ranks
+from grading.suite import checks, models
+from grading.isolation import wire
+from grading.isolation.ranks import Rank, _reasons, run_ranks
 
 pytestmark = pytest.mark.problem("beyond")
 

@@ -20,7 +20,7 @@ import pytest
 
 from grading.harness import grade, namespaces_available
 from grading.problems import POINTS, RUBRIC, named_for
-from grading.report import grade_markdown, grade_tests, problem_grades
+from grading.reports.report import grade_markdown, grade_tests, problem_grades
 from tests.answers_fixture import ANSWER_EDITS, apply_edits
 from tests.test_grading import FSDP, PER_PARAMETER, QUICK, ZERO, failures, make_submission, points, unpassed
 

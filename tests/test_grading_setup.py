@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from grading import containment
+from grading.isolation import containment
 from grading.harness import GRADER_DIR, Limits, grade
 from grading.selfcheck import SetupError
 from tests.test_grading import make_submission

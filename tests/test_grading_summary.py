@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from grading import report, summary
+from grading.reports import report, summary
 from grading.harness import Graded
 from grading.problems import hand_graded
 
@@ -101,7 +101,7 @@ def test_causes_group_what_students_did_the_same_way():
 
 
 def test_a_rerun_keeps_a_submissions_remarks(tmp_path):
-    from grading.course import _already, _key, _sign
+    from grading.course.course import _already, _key, _sign
 
     out = tmp_path / "grades"
     write_grade(out, "erin", "2026", {}, remarks=(SUBMODULE,))

@@ -1,4 +1,4 @@
-"""What FSDP carries between ranks, judged from outside them (grading/traffic.py, grading/carried.py).
+"""What FSDP carries between ranks, judged from outside them (grading/readings/traffic.py, grading/readings/carried.py).
 
 The grader reads the bytes the loopback of the run's own network namespace sent, while every rank
 is held before forward, between forward and backward and after backward, and holds them against
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from grading import carried, student
+from grading.readings import carried
+from grading.isolation import student
 from grading.harness import NOT_CHECKED, grade, namespaces_available
 from tests.test_grading import BUCKETED, FSDP, PER_PARAMETER, QUICK, failures, make_submission
 
@@ -58,7 +59,7 @@ def test_equivalent_fsdp_keeps_every_point(tmp_path):
      'the weights were all-gathered in float32, not cast to bfloat16 before (the handout: "When compute_dtype'),
     ("skips_holds", [f"{TEST}[2-bfloat16]", f"{TEST}[2]", f"{TEST}[3]"],
      "the loopback's bytes could not be attributed to forward and backward: the ranks held at []"),
-    # gloo's reduce-scatter carries what its all-reduce carries (grading/carried.py: SCATTER_TELLS):
+    # gloo's reduce-scatter carries what its all-reduce carries (grading/readings/carried.py: SCATTER_TELLS):
     # the bytes cannot tell them apart, and this mutant keeps its points. Should gloo change, this fails.
     ("all_reduces_gradients", [], ""),
 ])
@@ -122,7 +123,8 @@ def test_holds_that_are_not_the_suites_attribute_nothing():
 def test_finding_names_the_phase_its_bytes_and_limits():
     """In calibrated units (gather = reduce-scatter = 1, all-reduce = 2 per byte, as a ring at two
     ranks): a backward of gather + all-reduce is over the halfway limit, of gather + reduce-scatter
-    under it; a forward in float32 with a half-size compute dtype is over its limit."""
+    under it; a forward in float32 with a half-size compute dtype is over its limit, one that
+    prefetches backward's gathers in that dtype is not."""
     calibration = {"all_gather": 1.0, "reduce_scatter": 1.0, "all_reduce": 2.0}
     labels = carried.fsdp_labels(2)
 
@@ -136,6 +138,9 @@ def test_finding_names_the_phase_its_bytes_and_limits():
     assert "all-reduced, not reduce-scattered" in finding(1000, 3000)
     assert finding(500, 1500, "bfloat16") == ""
     assert "not cast to bfloat16 before" in finding(1000, 2000, "bfloat16")
+    # a public student's FSDP prefetches two of backward's gathers during forward, in bfloat16:
+    # its forward carries 1.5 gathers in bfloat16, its step what a right one does
+    assert finding(750, 1250, "bfloat16") == ""
     assert "not all-gathered" in finding(0, 2000)
     assert "did not leave the rank" in finding(1000, 100)
     calibration.update(reduce_scatter=2.0)  # gloo's: as much as an all-reduce

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from grading import review, scrub
+from grading.readings import review
+from grading.isolation import scrub
 from grading.harness import grade
 from tests.answers_fixture import BUCKETED_FILE, PER_PARAMETER_FILE
 from tests.test_grading import BUCKETED, PER_PARAMETER, QUICK, ZERO, failures, points

@@ -2,7 +2,7 @@
 
 ``GRADING_EDITION`` ("2025", "2026" or "both"; the harness sets it from the adapters file) picks
 the problems and the adapter names. A test marked ``loopback`` reads the bytes the ranks carried
-(grading/traffic.py) and runs only where the grader has a network namespace of its own;
+(grading/readings/traffic.py) and runs only where the grader has a network namespace of its own;
 elsewhere it is not collected, and its problem's other tests share its points (report.py). A
 problem whose test timed out runs none of its remaining tests: a deadlock is nearly always the
 implementation's, not the test's, and running on would cost a timeout per test (they fail at
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from grading import traffic
-from grading.outside import return_freed_memory
+from grading.readings import traffic
+from grading.readings.outside import return_freed_memory
 from grading.problems import EDITIONS, GRADED
-from grading.ranks import RankFailure, run_ranks
+from grading.isolation.ranks import RankFailure, run_ranks
 
 SUITE = Path(__file__).resolve().parent
 EDITION = os.environ.get("GRADING_EDITION", "both")
@@ -52,7 +52,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture
 def ranks(request: pytest.FixtureRequest):
-    """``ranks(fn, world_size, payloads)``: run a rank function (grading.training) on the data the
+    """``ranks(fn, world_size, payloads)``: run a rank function (grading.suite.training) on the data the
     grader encoded for each rank; a failure fails the test in one line."""
     problem = request.node.get_closest_marker("problem").args[0]
 
@@ -72,7 +72,7 @@ def ranks(request: pytest.FixtureRequest):
 
 @pytest.fixture
 def repetition(request: pytest.FixtureRequest) -> int:
-    """Which repetition of its test this is (grading.plugin's ``--grading-repeats``); 1 where the
+    """Which repetition of its test this is (grading.reports.plugin's ``--grading-repeats``); 1 where the
     plugin is not loaded (``make test`` runs the suite on this checkout without it)."""
     callspec = getattr(request.node, "callspec", None)
     return callspec.params.get("grading_repetition", 1) if callspec is not None else 1

@@ -1,7 +1,7 @@
 """ddp_overlap_bucketed (2025): DDP that all-reduces buckets of gradients as they fill.
 
 Every test trains through the submission's adapters; the grader compares every rank with
-single-process training at every step (grading/checks.py). Tests marked ``beyond_handout``
+single-process training at every step (grading/suite/checks.py). Tests marked ``beyond_handout``
 are reported and worth 0.
 """
 
@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from grading import carried
-from grading.checks import DDPCase, findings, overlap_finding, run_ddp
-from grading.models import Equal
+from grading.readings import carried
+from grading.suite.checks import DDPCase, findings, overlap_finding, run_ddp
+from grading.suite.models import Equal
 
 PROBLEM = "ddp_overlap_bucketed"
 pytestmark = pytest.mark.problem(PROBLEM)
@@ -44,7 +44,7 @@ def test_communicates_during_backward(ranks):
     """handout: a bucket is all-reduced as soon as all of its gradients are ready, during backward,
     asynchronously ("wait for asynchronous communication calls" after backward); with buckets
     smaller than one layer, the wrapper still trains as single-process training does. In namespace
-    mode, from outside the ranks too (grading/carried.py): the bytes carried before backward
+    mode, from outside the ranks too (grading/readings/carried.py): the bytes carried before backward
     reaches the first layer, and once."""
     run = run_ddp(ranks, 2, bucketed(0.0005))
     outside, mismatch = carried.ddp_overlap_finding(ranks, bucketed(0.0005), PROBLEM)

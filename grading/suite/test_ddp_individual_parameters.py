@@ -2,14 +2,14 @@
 
 Every test trains through the submission's adapters on every rank; the grader compares every
 rank's parameters with single-process training after construction and after every step
-(grading/checks.py). Each graded test's docstring names the handout's requirement it checks.
+(grading/suite/checks.py). Each graded test's docstring names the handout's requirement it checks.
 Tests marked ``beyond_handout`` check more than the handout asks: they are reported, worth 0.
 """
 
 import pytest
 
-from grading import carried
-from grading.checks import DDPCase, findings, overlap_finding, run_ddp
+from grading.readings import carried
+from grading.suite.checks import DDPCase, findings, overlap_finding, run_ddp
 from grading.suite.conftest import EDITION
 
 PROBLEM = "ddp_overlap_individual_parameters"
@@ -42,7 +42,7 @@ def test_communicates_during_backward(ranks, case):
     parameter tensors as they become ready during the backward pass": the gradients are sent
     while backward still runs (async_op=True, waited on after backward), and the wrapper still
     trains as single-process training does. In namespace mode, from outside the ranks too
-    (grading/carried.py): the bytes carried before backward reaches the first layer, and once."""
+    (grading/readings/carried.py): the bytes carried before backward reaches the first layer, and once."""
     run = run_ddp(ranks, 2, case)
     outside, mismatch = carried.ddp_overlap_finding(ranks, case, PROBLEM)
     findings(outside, overlap_finding(run.reports, case.model, PROBLEM), run.mismatch, mismatch)

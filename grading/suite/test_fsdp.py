@@ -1,24 +1,24 @@
 """fsdp (2026): Linear and Embedding weights sharded over ranks, gathered when used.
 
 The grader chooses the initial weights and fills the submission's model with them before it is
-wrapped (grading/models.py), so a model whose own layers start at zero trains like any other.
+wrapped (grading/suite/models.py), so a model whose own layers start at zero trains like any other.
 Graded tests use leading dimensions that divide world sizes 2 and 3 (as the course's own tests
 do since release 26.1.4); uneven shards are checked beyond the handout, for 0 points.
 """
 
 import pytest
 
-from grading import carried
-from grading.checks import FSDPCase, findings, run_fsdp
-from grading.memory import freed_finding, inside_weights, judged, weights_finding
-from grading.models import LMShape
+from grading.readings import carried
+from grading.suite.checks import FSDPCase, findings, run_fsdp
+from grading.readings.memory import freed_finding, inside_weights, judged, weights_finding
+from grading.suite.models import LMShape
 
 PROBLEM = "fsdp"
 pytestmark = pytest.mark.problem(PROBLEM)
 
 
 # The measured runs train with plain SGD: no optimizer state, so what a rank holds between steps
-# is its shards (grading/memory.py); two steps (the second's pause between forward and backward
+# is its shards (grading/readings/memory.py); two steps (the second's pause between forward and backward
 # is judged against the first's end), on a model of 25 MiB. A run serves every check of its
 # world size and repetition (reports are small: sampled parameters and readings).
 MEASURED = FSDPCase(optimizer="public_sgd", steps=2, measure=True)
@@ -108,7 +108,7 @@ def test_gradients_are_reduce_scattered(ranks, world_size, compute_dtype):
     all-gather of the weights in the compute dtype in forward and one reduction of the gradients
     in backward, and the whole step (each step's batch sent only when the grader lets the ranks
     go from its "before forward" hold) its total; against gloo's own collectives at this world
-    size (grading/carried.py: gloo's reduce-scatter carries what its all-reduce carries, so the
+    size (grading/readings/carried.py: gloo's reduce-scatter carries what its all-reduce carries, so the
     bytes do not tell them apart). It still trains as single-process training does."""
     run = run_fsdp(ranks, world_size, FSDPCase(optimizer="public_sgd", steps=3, compute_dtype=compute_dtype,
                                                traffic=True))

@@ -3,13 +3,13 @@
 The grader compares every rank's parameters with an unsharded optimizer's after every step, and
 the state each rank holds with that optimizer's: the rank's resident memory beyond the model's
 parameters, read by the grader from outside the rank while it is stopped after each step
-(grading/outside.py, grading/memory.py), wherever the submission keeps it.
+(grading/readings/outside.py, grading/readings/memory.py), wherever the submission keeps it.
 """
 
 import pytest
 
-from grading.checks import ZeroCase, findings, run_sharded_optimizer
-from grading.memory import inside_state, judged, state_finding
+from grading.suite.checks import ZeroCase, findings, run_sharded_optimizer
+from grading.readings.memory import inside_state, judged, state_finding
 
 PROBLEM = "optimizer_state_sharding"
 pytestmark = pytest.mark.problem(PROBLEM)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grading import probes
+from grading.readings import probes
 
 WIDTH = 16
 
@@ -66,7 +66,7 @@ class Equal(nn.Module):
         return self.head(h)
 
 
-# The overlap test whose traffic is read (grading/carried.py): 1 MiB of gradients above the probe,
+# The overlap test whose traffic is read (grading/readings/carried.py): 1 MiB of gradients above the probe,
 # in tensors of 256 KiB, far beyond the bytes of gloo's and TCP's own messages per all-reduce.
 WIDE = {"layers": 4, "width": 256}
 
@@ -172,7 +172,7 @@ class LMShape:
 # activations stay small beside a weight.
 MEASURED_LM = LMShape(vocab=6144, d_model=264, d_ff=6144)
 
-# The FSDP test whose traffic is read (grading/carried.py): 1.2 MB of Linear and Embedding weights,
+# The FSDP test whose traffic is read (grading/readings/carried.py): 1.2 MB of Linear and Embedding weights,
 # far beyond the bytes of gloo's and TCP's own messages, almost all in the two d_ff Linears. Its
 # Embedding (the one weight a backward need not gather again) is 1.5% of them, so that gathering
 # every weight again in backward, or none, moves the backward's bytes by little beside the

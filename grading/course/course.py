@@ -40,8 +40,10 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from grading import report, selfcheck, student, summary
-from grading.containment import namespaces_available
+from grading.reports import report, summary
+from grading import selfcheck
+from grading.isolation import student
+from grading.isolation.containment import namespaces_available
 from grading.harness import Graded, Limits, grade
 
 EXECUTORS = ("inprocess", "local", "slurm")

@@ -1,7 +1,7 @@
 """Everything the harness learns from a submission's files, learnt in a limited subprocess.
 
 Unpacking (files.py), finding the adapters, the edition, the import folders and the packages
-missing all read what a submission wrote; they run in ``python -m grading.intake``, a process of
+missing all read what a submission wrote; they run in ``python -m grading.intake.intake``, a process of
 its own under the submission's limits (address space, CPU time, file size, its remaining wall
 time; it dies with the harness), which prints one JSON line (``Intake``) and nothing else the
 harness trusts. Whatever a tree does to that process (a parser's worst case, a huge file), the
@@ -20,7 +20,7 @@ import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from grading.containment import limit
+from grading.isolation.containment import limit
 from grading.problems import EDITION_ADAPTERS
 
 INTAKE_MEMORY_GB = 2.0  # the unpack and the parsers need far less; a submission's limit may be lower
@@ -51,9 +51,9 @@ class Intake:
 
 def inspect(submission: Path, tree: Path, edition: str | None) -> Intake:
     """Unpack ``submission`` into ``tree`` and read what grading it needs (in this process)."""
-    from grading import review
-    from grading.files import read_regular, unpack
-    from grading.submission import (adapters_file, detect_edition, find_root, implemented_adapters,
+    from grading.readings import review
+    from grading.intake.files import read_regular, unpack
+    from grading.intake.submission import (adapters_file, detect_edition, find_root, implemented_adapters,
                                     missing_packages, python_roots, syntax_error)
 
     try:
@@ -108,9 +108,9 @@ def run(submission: Path, tree: Path, edition: str | None, memory_gb: float, dea
         apply()
         _die_with_parent()
 
-    command = [sys.executable, "-m", "grading.intake", str(submission), str(tree), edition or ""]
+    command = [sys.executable, "-m", "grading.intake.intake", str(submission), str(tree), edition or ""]
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-           "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "PYTHONSAFEPATH": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PYTHONSAFEPATH": "1",
            "PYTHONNOUSERSITE": "1"}
     proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=env, start_new_session=True, preexec_fn=preexec)

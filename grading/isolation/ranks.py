@@ -1,7 +1,7 @@
 """Running one test's ranks: the only processes that run a submission's code.
 
 Each test starts ``world_size`` processes from a fork server that imported torch and the
-suite's rank-side code (``grading.training``) but never the submission (a fresh interpreter per
+suite's rank-side code (``grading.suite.training``) but never the submission (a fresh interpreter per
 rank costs seconds; a fork, milliseconds). Where the grader may make cgroups, it moves each rank
 into a memory cgroup of its own, which the rank waits for before it joins its group, and kills
 whatever is left in it when the test ends (rank_cgroups.py). The fork server confines itself before it imports
@@ -10,7 +10,7 @@ own view of the file systems); its socket lies in the grader's private folder, n
 ranks' TMPDIR. A rank confines itself again (``sandbox.confine``), puts the submission's folders on
 ``sys.path`` *after* the standard library and site-packages, joins a gloo group through a file
 store in its own TMPDIR, runs a rank function on the data the grader sent, and writes its report
-to a pipe of its own in ``grading.wire``'s format, then leaves without finalizing the
+to a pipe of its own in ``grading.isolation.wire``'s format, then leaves without finalizing the
 interpreter (gloo's teardown can abort a rank that finished its work; the report is sent by
 then).
 
@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
-from grading import outside, rank_cgroups, scrub, traffic, wire
-from grading.sandbox import confine, private_storage
+from grading.readings import outside, traffic
+from grading.isolation import rank_cgroups, scrub, wire
+from grading.isolation.sandbox import confine, private_storage
 from grading.selfcheck import GRADER_FAILURE
 
 # Set by the harness; a test run by hand gets the defaults.
@@ -70,12 +71,12 @@ class Rank:
     release_fd: int = -1  # the grader's pipe to it: what a hold's release carries (traffic.py)
 
     def pause(self, label: str) -> None:
-        """Stop until the grader has read this rank's memory from outside (grading/outside.py)."""
+        """Stop until the grader has read this rank's memory from outside (grading/readings/outside.py)."""
         outside.pause(self.report_fd, label)
 
     def hold(self, label: str) -> bytes:
         """Stop until every rank holds at ``label`` and the grader has read the loopback's bytes
-        from outside (grading/traffic.py); what the grader sent at the release (b"" if nothing)."""
+        from outside (grading/readings/traffic.py); what the grader sent at the release (b"" if nothing)."""
         return traffic.hold(self.report_fd, self.release_fd, label)
 
 
@@ -128,7 +129,7 @@ def _use_submission(roots: list[str], workdir: str | None = None) -> None:
     import site
     import sysconfig
 
-    grader = os.path.dirname(os.path.dirname(os.path.abspath(wire.__file__)))
+    grader = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(wire.__file__))))
     allowed = {os.path.realpath(p) for p in (*(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib",
                                                                                    "platlib")),
                                              *site.getsitepackages(), grader,
@@ -266,8 +267,8 @@ def _context():
 
         resource_tracker._resource_tracker._fd = os.open(os.devnull, os.O_WRONLY)
         _FORKSERVER = mp.get_context("forkserver")
-        _FORKSERVER.set_forkserver_preload(["grading.rank_server", "torch", "torch._dynamo", "torch.distributed",
-                                            "grading.training"])
+        _FORKSERVER.set_forkserver_preload(["grading.isolation.rank_server", "torch", "torch._dynamo", "torch.distributed",
+                                            "grading.suite.training"])
     return _FORKSERVER
 
 

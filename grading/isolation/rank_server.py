@@ -31,7 +31,7 @@ def _paths(name: str) -> list[str]:
 
 
 def enter() -> None:
-    from grading import sandbox, student
+    from grading.isolation import sandbox, student
 
     if os.environ.get("GRADING_NETNS"):
         links = [tuple(pair) for pair in json.loads(os.environ.get("GRADING_RANK_LINKS") or "[]")]

@@ -1,6 +1,6 @@
 """Sharding judged from what a rank holds, read by the grader from outside the rank.
 
-Each rank of a measured test pauses (grading/outside.py): once before any of the submission's
+Each rank of a measured test pauses (grading/readings/outside.py): once before any of the submission's
 code runs, once its modules are imported (the adapters, and for FSDP the course's model module),
 then at the points a check names; what a rank *holds* at a pause is its memory there (its memory
 cgroup's, rank_cgroups.py, where the grader could make one; else its resident memory) less its
@@ -17,7 +17,7 @@ solution it must catch holds.
 
 A reading is one witness. Where another disagrees with it (the rank's own tensors against a
 reading over its bound; a rank whose memory falls below what it held once imported), the check
-neither caps nor passes: it holds the problem for a TA's review with both (grading/review.py).
+neither caps nor passes: it holds the problem for a TA's review with both (grading/readings/review.py).
 
 Every finding says the requirement, the megabytes seen against the bound, and what a correct
 solution and the weak one would hold, so a TA can check it. The largest tensors the
@@ -33,10 +33,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from grading import review
-from grading.outside import BEFORE, IMPORTED, KEY
+from grading.readings import review
+from grading.readings.outside import BEFORE, IMPORTED, KEY
 from grading.problems import named_for
-from grading.ranks import RankFailure, run_ranks
+from grading.isolation.ranks import RankFailure, run_ranks
 from grading.selfcheck import GRADER_FAILURE
 
 MB = 2**20

@@ -10,7 +10,7 @@
   moment overlapped backward.
 * ``held_tensors`` lists the tensor storages an object holds, however it nests them, each with
   the path to it: a hint a memory finding shows a TA, never a basis of points (memory is read
-  from outside the rank: grading/outside.py).
+  from outside the rank: grading/readings/outside.py).
 """
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from grading import carried, memory, models, probes, review, training, wire
+from grading.readings import carried, memory, probes, review
+from grading.suite import models, training
+from grading.isolation import wire
 from grading.problems import named_for
 
 BATCH = 12  # divisible by world sizes 2 and 3
@@ -51,7 +53,7 @@ class ZeroCase:
     layers: int = 6  # equal layers: divisible by world sizes 2 and 3
     groups: bool = False  # two parameter groups with their own lr and weight_decay (models.zero_groups)
     unfreeze: bool = False  # two layers frozen, then added as a group after step 1 (models.added_group)
-    measure_state: bool = False  # the ranks' memory read from outside (grading/memory.py), a model that shows it
+    measure_state: bool = False  # the ranks' memory read from outside (grading/readings/memory.py), a model that shows it
     width: int = 32  # the equal layers' width (MEASURED_WIDTH when measure_state)
 
 
@@ -69,8 +71,8 @@ class FSDPCase:
     # tensors (release 26.1.4), so an FSDP that requires them is within the handout.
     shape: models.LMShape = field(default_factory=lambda: models.LMShape(vocab=36, d_model=24, d_ff=48))
     compute_dtype: str | None = None  # "float16" or "bfloat16"
-    measure: bool = False  # the ranks' memory read from outside (grading/memory.py), on models.MEASURED_LM
-    traffic: bool = False  # the loopback's bytes read at holds (grading/traffic.py), on models.TRAFFIC_LM
+    measure: bool = False  # the ranks' memory read from outside (grading/readings/memory.py), on models.MEASURED_LM
+    traffic: bool = False  # the loopback's bytes read at holds (grading/readings/traffic.py), on models.TRAFFIC_LM
 
 
 @dataclass

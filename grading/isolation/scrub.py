@@ -95,7 +95,7 @@ def after_test() -> None:
     if os.environ.get("GRADING_NETNS"):
         remove_ipc(None)
     elif uid:
-        from grading import student
+        from grading.isolation import student
 
         remove_ipc(int(uid))
         student.remove_files(int(uid))

@@ -32,9 +32,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grading import share, student
+from grading.isolation import share, student
 
-REPOSITORY = Path(__file__).resolve().parent.parent  # the checkout (or Gradescope's source/) the grader runs from
+REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout (or Gradescope's source/) the grader runs from
 # The run's own network, PID, mount and IPC namespaces: System V objects die with the run.
 UNSHARE = ["unshare", "--net", "--pid", "--mount", "--ipc", "--mount-proc", "--fork", "--kill-child"]
 

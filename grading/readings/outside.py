@@ -37,7 +37,7 @@ import signal
 import sys
 import time
 
-from grading import wire
+from grading.isolation import wire
 
 KEY = "outside"  # a report's entry the grader fills with its readings
 BEFORE = "before the submission"  # a measured rank's first pause: its memory before any of its code ran
@@ -56,7 +56,7 @@ def _libc():
 
 
 def freeze_in_fork_server() -> None:
-    """In the fork server, once it imported torch and the suite (grading.training, its last
+    """In the fork server, once it imported torch and the suite (grading.suite.training, its last
     preload, calls this): the objects alive go to the collector's permanent generation there,
     before any rank is forked. Done in each rank instead, it rewrote every object's header and
     so copied every page of torch's objects the ranks share with the server (about 80 MB per

@@ -21,7 +21,7 @@ submission it copies ``run_autograder`` to ``/autograder/run_autograder``, start
   ``REPEATS`` (default ``DEFAULT_REPEATS``) and ``TIME_LIMIT`` (seconds, default
   ``DEFAULT_TIME_LIMIT_S``: inside Gradescope's 10 minutes) may be set in the environment.
 
-    python -m grading.autograder autograder.zip [2026|2025]
+    python -m grading.course.autograder autograder.zip [2026|2025]
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def build(path: Path, edition: str = DEFAULT_EDITION) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) not in (2, 3) or sys.argv[2:] and sys.argv[2] not in COURSE_EDITIONS:
-        raise SystemExit(f"usage: python -m grading.autograder OUT.zip [{'|'.join(COURSE_EDITIONS)}]")
+        raise SystemExit(f"usage: python -m grading.course.autograder OUT.zip [{'|'.join(COURSE_EDITIONS)}]")
     course = sys.argv[2] if len(sys.argv) == 3 else DEFAULT_EDITION
     built = build(Path(sys.argv[1]), course)
     print(f"written: {built} ({built.stat().st_size // 1024} KiB), grading every submission as the {course} "

@@ -19,9 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grading import models, outside, probes, traffic, wire
-from grading.ranks import Rank
-from grading.submission import load_adapter
+from grading.suite import models
+from grading.readings import outside, probes, traffic
+from grading.isolation import wire
+from grading.isolation.ranks import Rank
+from grading.intake.submission import load_adapter
 
 
 def snapshot(named: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -78,7 +80,7 @@ def imported_tensors() -> dict:
     reach), counted inside the rank: a correct solution allocates none at import, and memory made
     before the grader's baseline is not read from outside (memory.py), so a module that does is
     a witness for review (``imported``: bytes, and the largest's path)."""
-    from grading.ranks import submission_roots
+    from grading.isolation.ranks import submission_roots
 
     roots = [os.path.realpath(r) + os.sep for r in submission_roots()]
     mine = {name: vars(module) for name, module in list(sys.modules.items())
@@ -140,7 +142,7 @@ def released_batch(sent: bytes) -> dict | None:
 
 
 class _Gate:
-    """The overlap test's holds (grading/traffic.py): before forward, when backward reaches the
+    """The overlap test's holds (grading/readings/traffic.py): before forward, when backward reaches the
     probe (the first layer's backward still to run), and after the backward's synchronisation.
     At the probe the rank first waits, at most ``WAIT_S``, until the loopback has carried what
     the grader expects of the layers above it (``expected["above"]`` bytes, from its calibration):
@@ -172,7 +174,7 @@ def train_sharded_optimizer(ctx: Rank, job: dict) -> dict:
     """Every rank computes the whole batch's gradients; the sharded optimizer steps. Parameter
     groups, and a group added after a step, as the case says (models.zero_groups). With
     ``measure_state``, the rank pauses for the grader to read its memory from outside
-    (grading/outside.py): once before any of the submission's code runs, and after every step
+    (grading/readings/outside.py): once before any of the submission's code runs, and after every step
     with no gradient left."""
     case, sample = job["case"], job.get("sample")
     measure = case["measure_state"]
@@ -220,10 +222,10 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
     """Build the model from the submission's layers, fill it with the grader's initial weights
     (models.fill_lm), report where each went, then train through the FSDP adapters on this
     rank's shards with ``compute_dtype`` as the case says. With ``measure``, the rank pauses for
-    the grader to read its memory from outside (grading/outside.py): before any of the
+    the grader to read its memory from outside (grading/readings/outside.py): before any of the
     submission's code runs, between forward and backward, and after every step with no gradient
     left (before the full parameters are gathered for the grader). With ``traffic``, every rank
-    holds for the grader to read the loopback's bytes (grading/traffic.py) before forward,
+    holds for the grader to read the loopback's bytes (grading/readings/traffic.py) before forward,
     between forward and backward, and after ``fsdp_on_after_backward`` of every step."""
     case, sample = job["case"], job.get("sample")
     measure, carried = case.get("measure", False), case.get("traffic", False)

@@ -34,7 +34,8 @@ import os
 import signal
 import time
 
-from grading import outside, wire
+from grading.readings import outside
+from grading.isolation import wire
 
 KEY = "traffic"  # a report's entry the grader fills with its readings
 HOLD_WAIT_S = 30.0  # how long held ranks wait for a peer that has not reached the same hold

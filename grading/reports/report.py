@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from grading.problems import GRADED, POINTS, RUBRIC, test_function
-from grading.review import is_held
+from grading.readings.review import is_held
 
 VISIBILITY = "visible"  # Gradescope: students see their results at once (or "after_published", ...)
 STDOUT_VISIBILITY = "hidden"  # the console log names the grader's paths; staff read it, students read "output"
@@ -290,7 +290,7 @@ def grade_markdown(name: str, header: str, rows: list[ProblemGrade], tests: list
     held = [t for t in tests if t.held and not t.beyond]
     if held:
         out += ["", "## Held for review", "",
-                "The grader's witnesses disagree on these tests (grading/review.py): they score nothing and cap "
+                "The grader's witnesses disagree on these tests (grading/readings/review.py): they score nothing and cap "
                 "nothing until a TA decides, from the evidence below and the code it names.", ""]
         out += [f"- `{t.name}` (up to {t.max_score:g}): {t.output}" for t in held]
     failed = [t for t in tests if not t.passed and not t.beyond and not t.held]

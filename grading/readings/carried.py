@@ -1,6 +1,6 @@
 """What an FSDP or DDP step carried, phase by phase, against what gloo's own collectives carry.
 
-The bytes are the kernel's (grading/traffic.py: the loopback of the run's own network namespace,
+The bytes are the kernel's (grading/readings/traffic.py: the loopback of the run's own network namespace,
 read while every rank is held). What they should be is measured, not assumed: ``calibrate``
 runs the grader's own collective loop (``collective_loop``: no submission code runs in it) on
 tensors of the test's weights' sizes, at the test's world size, in the same namespace, and
@@ -31,9 +31,10 @@ from dataclasses import replace
 
 import torch
 
-from grading import traffic, wire
+from grading.readings import traffic
+from grading.isolation import wire
 from grading.problems import named_for
-from grading.ranks import Rank
+from grading.isolation.ranks import Rank
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 # The calibration's tiny all-reduces (one float each): what a packet carries beyond its payload
@@ -150,10 +151,15 @@ def fsdp_finding(reports: list[dict], calibration: dict[str, float], weights: in
             return (f"{where}: the forward carried {mb(forward)} over the ranks' loopback, under half of what "
                     f"all-gathering the Linear and Embedding weights in {dtype} carries ({mb(gather * d)}): the "
                     "weights were not all-gathered through the process group")
-        if d < 1 and forward > 0.75 * gather:
-            return (f"{where}: the forward carried {mb(forward)} over the ranks' loopback, where all-gathering the "
-                    f"Linear and Embedding weights in {dtype} carries {mb(gather * d)} and in float32 {mb(gather)}: "
-                    f"the weights were all-gathered in float32, not cast to {dtype} before ({HANDOUT_CAST})")
+        # A forward over 3/4 of the float32 gather gathers in float32, or prefetches backward's
+        # first gathers (in the compute dtype: a public student's FSDP prefetches two layers
+        # ahead); forward and backward together tell them apart: two gathers in float32 and a
+        # reduction, or two in the compute dtype and a reduction, held halfway.
+        if d < 1 and forward > 0.75 * gather and forward + backward > (1 + d) * gather + scatter:
+            return (f"{where}: the forward carried {mb(forward)} over the ranks' loopback, and forward and backward "
+                    f"{mb(forward + backward)}, where all-gathering the Linear and Embedding weights in {dtype} "
+                    f"carries {mb(gather * d)} and in float32 {mb(gather)} (twice a step, with the gradients' reduction "
+                    f"{mb(scatter)}): the weights were all-gathered in float32, not cast to {dtype} before ({HANDOUT_CAST})")
         again = min(forward, gather * d)  # backward gathers at most what forward did
         if scatter < SCATTER_TELLS * reduce:  # the bytes tell a reduce-scatter from an all-reduce
             limit = again + (scatter + reduce) / 2
@@ -249,7 +255,7 @@ def ddp_overlap_finding(ranks, case, problem: str) -> tuple[str, str]:
     wide model (1 MiB of gradients above the probe) with the group held at the probe; its
     finding and the run's training mismatch. ("", "") where the loopback is not the run's own:
     the check inside the rank (checks.overlap_finding) decides alone there."""
-    from grading import checks, models
+    from grading.suite import checks, models
 
     if not traffic.private():
         return "", ""

@@ -16,7 +16,7 @@ import types
 import tomllib
 from pathlib import Path
 
-from grading.files import SKIP_DIRS, read_regular
+from grading.intake.files import SKIP_DIRS, read_regular
 from grading.problems import EDITION_ADAPTERS
 
 ADAPTER_FILES = ("tests/adapters.py", "adapters.py")  # the public layout first

@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grading import report
+from grading.reports import report
 from grading.harness import Graded, grader_commit
 
 NUMBER = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")
