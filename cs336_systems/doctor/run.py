@@ -25,7 +25,7 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from cs336_basics.model import TransformerLM, count_parameters
-from cs336_systems.comm.timing import sync_compute_stream
+from cs336_systems.comm.timing import BackwardClock, sync_compute_stream
 from cs336_systems.ddp import BucketedDDP
 from cs336_systems.ddp.auto_bucket import calibrate_allreduce
 from cs336_systems.doctor.diagnose import build_report
@@ -135,10 +135,11 @@ def _train_steps(
     """Median step, median and least compute, and median wait seconds over the timed steps.
 
     Only the compute stream is waited for before each clock read: waiting for NCCL's streams
-    would count communication as compute.
+    would count communication as compute. The wrapper reduces as backward ends, so compute ends
+    where :class:`BackwardClock` marks it, and the wait runs from there to the end of backward.
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    finish = getattr(model, "finish_gradient_synchronization", None)
+    clock = BackwardClock(ctx.device)
     rows_per_step = setting.global_batch // ctx.world_size
     steps, computes, waits = [], [], []
     for step in range(setting.warmup_steps + setting.steps):
@@ -149,13 +150,12 @@ def _train_steps(
         if inject == STRAGGLER and ctx.rank == FAULTY_RANK:
             time.sleep(setting.straggler_delay_s)
         logits = model(batch[:, :-1])
-        F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
+        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        clock.watch(loss)
+        loss.backward()
         sync_compute_stream(ctx.device)
-        computed = time.perf_counter()
-        if finish is not None:
-            finish()
-            sync_compute_stream(ctx.device)
         waited = time.perf_counter()
+        computed = clock.compute_end if clock.compute_end is not None else waited
         optimizer.step()
         sync_compute_stream(ctx.device)
         if step >= setting.warmup_steps:
