@@ -38,7 +38,7 @@ from cs336_systems.fsdp.activation_checkpointing import checkpoint_layers
 from cs336_systems.fsdp.checkpoint import install_state_dict_hooks
 from cs336_systems.fsdp.composable import UnitPolicy, adopt, shard_units, unit_selector, units_under
 from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
-from cs336_systems.fsdp.options import FsdpOptions
+from cs336_systems.fsdp.options import COMPUTE_DTYPES, FsdpOptions
 from cs336_systems.fsdp.root import Root
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
 from cs336_systems.fsdp.unit import Call, build_units, unit_keys
@@ -47,7 +47,6 @@ if TYPE_CHECKING:  # imported late elsewhere: absent from some builds
     from torch.distributed.device_mesh import DeviceMesh
 
 SHARDED_TYPES: tuple[type[nn.Module], ...] = (Linear, Embedding, nn.Linear, nn.Embedding)
-COMPUTE_DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
 SHARD_CHOICES = ("weights", "all")
 
 # torch's state-dict helpers drop this attribute's name from every key (it is how they see
