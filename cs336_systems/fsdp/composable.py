@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Callable, Union
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from cs336_systems.fsdp.checkpoint import install_state_dict_hooks
 from cs336_systems.fsdp.options import FsdpOptions
@@ -51,20 +52,25 @@ from cs336_systems.fsdp.torch_keywords import resolve
 from cs336_systems.fsdp.unit import Call, Unit
 
 if TYPE_CHECKING:  # torch's types, for the signature only
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
 
 def shard_unit(module: nn.Module, compute_dtype: torch.dtype | None,
-               group: dist.ProcessGroup | None) -> Call:
+               group: dist.ProcessGroup | None, as_dtensors: bool = True) -> Call:
     """Shard every parameter of ``module``'s subtree outside nested units; returns its call.
 
+    ``as_dtensors``: the module holds each as a ``Shard(0)`` DTensor of its own shape, as under
+    torch's ``fully_shard`` (sharded_weight.py); False (hybrid sharding): the flat shard.
     A parameter tied to one a nested unit sharded (the same ``nn.Parameter`` in two places) is
     not sharded again: this unit's slot holds the nested unit's weight, gathered with it.
     """
     nested = [m for m in module.modules() if m is not module and "_fsdp_call" in m.__dict__]
     inside = {id(x) for m in nested for x in m.modules()}
-    known = {id(w.shard): w for m in nested for unit in m._fsdp_units for w in unit.members}
+    known = {id(w.param): w for m in nested for unit in m._fsdp_units for w in unit.members}
+    mesh = None
+    if as_dtensors and any(True for _ in module.parameters()):
+        device = next(module.parameters()).device
+        mesh = DeviceMesh.from_group(group or dist.group.WORLD, device.type)
     made: dict[int, ShardedWeight] = {}
     slots: list[tuple[nn.Module, str, ShardedWeight]] = []
     for owner_name, owner in module.named_modules():
@@ -81,10 +87,10 @@ def shard_unit(module: nn.Module, compute_dtype: torch.dtype | None,
                         "FSDP shards floating parameters only"
                     )
                 full_name = f"{owner_name}.{name}" if owner_name else name
-                weight = made[id(param)] = ShardedWeight(full_name, param, compute_dtype, group)
+                weight = made[id(param)] = ShardedWeight(full_name, param, compute_dtype, group, mesh)
             slots.append((owner, name, weight))
     for owner, name, weight in slots:
-        owner._parameters[name] = weight.shard
+        owner._parameters[name] = weight.param
     by_dtype: dict[torch.dtype, list[ShardedWeight]] = {}
     for weight in made.values():  # a unit gathers one dtype: split one that mixes them
         by_dtype.setdefault(weight.compute_dtype, []).append(weight)
@@ -197,8 +203,8 @@ def shard_units(module: nn.Module, compute_dtype: torch.dtype | None, group: dis
     depth = {id(m): len(n.split(".")) for n, m in module.named_modules()}
     for m in sorted(elements, key=lambda m: -depth[id(m)]):
         if "_fsdp_call" not in m.__dict__ and any(True for _ in m.parameters()):
-            shard_unit(m, compute_dtype, group)
-    call = shard_unit(module, compute_dtype, group)
+            shard_unit(m, compute_dtype, group, not options.is_hybrid)
+    call = shard_unit(module, compute_dtype, group, not options.is_hybrid)
     call.reshard = False  # the outermost unit's parameters stay until backward, as torch's root
     for m in module.modules():
         if "_fsdp_call" in m.__dict__:

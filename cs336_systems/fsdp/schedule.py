@@ -188,7 +188,7 @@ class Schedule:
                 self._order.append(weight)
                 self._saved.append(False)
             full = self.full(weight)
-            if grad and weight.shard.requires_grad:
+            if grad and weight.param.requires_grad:
                 if recompute:  # no new use: the original use's gradient is the one that arrives
                     weight.recompute_holds += 1
                 else:
@@ -217,7 +217,7 @@ class Schedule:
             return  # its pre-hook never ran (a forward that failed before it)
         call.depth -= 1
         for module, name, weight in call.slots:
-            module._parameters[name] = weight.shard
+            module._parameters[name] = weight.param
             if module in self._biases:
                 module._parameters["bias"] = self._biases.pop(module)
         for weight in call.weights:

@@ -174,7 +174,7 @@ class FullyShardedDataParallel(nn.Module):
         else:
             self.sharded_weights, self.units = self._shard_weights(layers, shard_group)
         install_state_dict_hooks(module, self.sharded_weights, options)  # torch's DCP helpers: checkpoint.py
-        shards = {id(w.shard) for w in self.sharded_weights}
+        shards = {id(w.param) for w in self.sharded_weights}
         replicated = [p for p in module.parameters() if id(p) not in shards]
         if not options.sync_module_states and replicated:
             # Each rank keeps its slice of its own values, which makes one model; replicated
