@@ -29,6 +29,7 @@ from cs336_systems.comm.timing import BackwardClock, sync_compute_stream
 from cs336_systems.ddp import BucketedDDP
 from cs336_systems.ddp.auto_bucket import calibrate_allreduce
 from cs336_systems.doctor.diagnose import build_report
+from cs336_systems.doctor.in_job import replica_checksums
 from cs336_systems.doctor.findings import (
     AFTER_TRAINING,
     AFTER_WRAPPING,
@@ -47,8 +48,6 @@ from cs336_systems.doctor.setting import (
 )
 from cs336_systems.launch import RankContext, run_ranks
 
-_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
 
 @dataclass(frozen=True)
 class DoctorRun:
@@ -61,14 +60,7 @@ class DoctorRun:
 
 def parameter_checksums(module: nn.Module) -> list[ParameterChecksum]:
     """One :class:`ParameterChecksum` per parameter of ``module``, in ``named_parameters`` order."""
-    out = []
-    with torch.no_grad():
-        for p in module.parameters():
-            bits = p.detach().contiguous().view(_INT_OF_SIZE[p.element_size()])
-            values = p.detach().double()
-            out.append(ParameterChecksum(int(bits.sum(dtype=torch.int64)), float(values.sum()),
-                                         float((values * values).sum())))
-    return out
+    return replica_checksums(list(module.parameters()))
 
 
 def _connect_store(ctx: RankContext, timeout_s: float) -> dist.Store:
