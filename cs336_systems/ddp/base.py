@@ -32,7 +32,7 @@ in which every rank has every gradient never waits for the device.
 When gradients are reduced: as torch's DDP does, when the backward pass of a synchronised
 forward ends, with no call needed. A post-accumulate-grad hook on every synchronised parameter
 marks the backward as under way; the first one of a backward queues the reduction with
-autograd's engine (``Variable._execution_engine.queue_callback``, what torch's reducer does in
+autograd's engine (comm/end_of_backward.py: ``queue_callback``, what torch's reducer does in
 ``mark_variable_ready`` and our FSDP in schedule.py), which runs it after the last gradient
 of that backward is accumulated, before ``backward()`` returns. So code written for torch's DDP
 (backward, then ``optimizer.step()``) trains in step here too; ``finish_gradient_synchronization()``,
@@ -52,6 +52,7 @@ import torch.distributed as dist
 from torch import nn
 
 from cs336_systems.comm.coalesced import broadcast_coalesced
+from cs336_systems.comm.end_of_backward import AtEndOfBackward
 from cs336_systems.ddp.bucket import read_together
 from cs336_systems.ddp.mean_all_reduce import MeanAllReduce
 
@@ -146,7 +147,7 @@ class DataParallel(nn.Module):
         # Set by a synchronised forward, cleared once its gradients are reduced; hooks act only
         # while it is set (torch's reducer: expect_autograd_hooks_).
         self._awaiting_sync = False
-        self._finish_queued = False
+        self._at_end_of_backward = AtEndOfBackward(self.finish_gradient_synchronization)
         self.allreduce_calls_last_step = 0
         self._src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
         broadcast_coalesced(list(module.parameters()) + list(module.buffers()), src=self._src, group=process_group)
@@ -230,15 +231,7 @@ class DataParallel(nn.Module):
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         """A gradient of a synchronised backward is final: the first of a backward queues the
         reduction to run when that backward ends (see the module docstring)."""
-        if not self._finish_queued:
-            self._finish_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_after_backward)
-
-    def _finish_after_backward(self) -> None:
-        try:
-            self.finish_gradient_synchronization()
-        finally:
-            self._finish_queued = False
+        self._at_end_of_backward.queue()
 
     def finish_gradient_synchronization(self) -> None:
         """Reduce this step's gradients now if the backward has not already done so; otherwise
