@@ -108,6 +108,7 @@ class ShardedWeight:
         self.group = group
         # A 1-D mesh over ``group``: the module then holds a Shard(0) DTensor (module docstring).
         self.mesh = mesh if weight.dim() > 0 else None
+        self._stride = torch.empty(weight.shape, device="meta").stride()  # the whole weight's, contiguous
         self.layout = ShardLayout(weight.shape, dist.get_world_size(group), dist.get_rank(group),
                                   rows=self.mesh is not None)
         self.shard = nn.Parameter(
@@ -141,7 +142,7 @@ class ShardedWeight:
         local_shape = self.layout.local_shape
         local = flat[: math.prod(local_shape)].view(local_shape)
         return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False, shape=self.layout.shape,
-                                  stride=torch.empty(self.layout.shape, device="meta").stride())
+                                  stride=self._stride)
 
     def from_full(self, full: torch.Tensor) -> torch.Tensor:
         """This rank's part of a whole weight-shaped value, as :attr:`param` holds it: a DTensor,
@@ -278,7 +279,8 @@ class ShardedWeight:
             elif self.mesh is None:
                 param.grad.add_(grad)
             else:
-                param.grad.to_local().add_(grad[: param.grad.to_local().numel()].view_as(param.grad.to_local()))
+                local = param.grad.to_local()
+                local.add_(grad[: local.numel()].view_as(local))
         self._reduced = []
         self.uses = 0
         self.grads_in = 0
