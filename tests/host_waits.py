@@ -21,7 +21,6 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -38,17 +37,32 @@ def _our_caller() -> str:
     return "outside cs336_systems"
 
 
-class _HostDataOnDevice(TorchFunctionMode):
-    """``torch.tensor(data, device=d)`` copies host data below the dispatcher: route it through
-    an explicit copy so that the dispatch mode sees it."""
+class _HostDataOnDevice:
+    """``torch.tensor(data, device=d)`` copies host data below the dispatcher: while entered,
+    ``torch.tensor`` and ``torch.as_tensor`` route it through an explicit copy so that the
+    dispatch mode sees it. They are replaced rather than intercepted by a TorchFunctionMode
+    because autograd turns function modes off inside backward, where gradient hooks and the
+    reduction queued to run when backward ends (``queue_callback``) do their work."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is not None:
-            device = torch.device(kwargs["device"])
-            if device.type != "cpu":
-                return func(*args, **{**kwargs, "device": "cpu"}).to(device)
-        return func(*args, **kwargs)
+    def __enter__(self):
+        self._originals = {name: getattr(torch, name) for name in ("tensor", "as_tensor")}
+        for name, original in self._originals.items():
+            setattr(torch, name, self._routed(original))
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self._originals.items():
+            setattr(torch, name, original)
+        return False
+
+    @staticmethod
+    def _routed(func):
+        def routed(*args, **kwargs):
+            if kwargs.get("device") is not None and torch.device(kwargs["device"]).type != "cpu":
+                return func(*args, **{**kwargs, "device": "cpu"}).to(torch.device(kwargs["device"]))
+            return func(*args, **kwargs)
+
+        return routed
 
 
 class HostWaitCounter(TorchDispatchMode):

@@ -139,6 +139,25 @@ def test_the_counter_sees_a_read_of_device_memory(fake_group):
     assert first == {"outside cs336_systems": len(list(module.parameters()))}
 
 
+def test_the_counter_sees_host_data_copied_in_when_backward_ends(fake_group):
+    """The counter can fail inside backward too, where the wrappers now reduce: host data copied
+    to the device by a callback queued for the end of backward is one wait."""
+    with torch.device("meta"):
+        module = Branchy()
+        x = torch.randn(6, 8)
+
+    def copy_in() -> None:
+        torch.tensor([1.0, 2.0], device="meta")
+
+    def queue_copy(param: torch.Tensor) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(copy_in)
+
+    module.trunk.bias.register_post_accumulate_grad_hook(queue_copy)
+    with HostWaitCounter(WORLD_SIZE) as counter:
+        module(x).sum().backward()
+    assert counter.total == 1, counter.waits
+
+
 def _steps_under_sync_error_mode(ctx: RankContext, names: list[str]) -> dict[str, str]:
     """Rank function on one GPU: each wrapper trains 2 steps, then 2 more with any
     synchronisation raising; returns the error (or "") per wrapper."""

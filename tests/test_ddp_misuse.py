@@ -39,41 +39,6 @@ def test_wrapping_without_process_group_says_what_to_do():
         adapters.get_ddp_individual_parameters(ToyModel())
 
 
-def _misuse_in_training(ctx: RankContext) -> dict[str, str]:
-    """Each misuse on both ranks alike; returns the error message each one raised."""
-    torch.manual_seed(0)
-    x, y = torch.randn(4, 10), torch.randn(4, 5)
-    errors = {}
-    for name, wrap in (
-        ("per-parameter", adapters.get_ddp_individual_parameters),
-        ("bucketed", lambda m: adapters.get_ddp_bucketed(m, bucket_size_mb=0.001)),
-    ):
-        ddp = wrap(ToyModel())
-        F.mse_loss(ddp(x), y).backward()
-        try:
-            ddp(x)  # forward of the next step before finishing this one
-        except RuntimeError as e:
-            errors[f"{name}-forward"] = str(e)
-        ddp.finish_gradient_synchronization()
-
-        loss = F.mse_loss(ddp(x), y)
-        loss.backward(retain_graph=True)
-        try:
-            loss.backward()  # a second gradient for the same parameters in one step
-        except RuntimeError as e:
-            errors[f"{name}-backward"] = str(e)
-        ddp.finish_gradient_synchronization()
-    return errors
-
-
-@pytest.mark.timeout(300)
-def test_unfinished_step_and_double_backward_raise():
-    errors = launch(_misuse_in_training, 2, timeout_s=60)[0]
-    for name in ("per-parameter", "bucketed"):
-        assert "finish_gradient_synchronization() was not called" in errors[f"{name}-forward"]
-        assert "no_sync()" in errors[f"{name}-backward"]
-
-
 def _rank1_dies_mid_training(ctx: RankContext) -> None:
     ddp = adapters.get_ddp_bucketed(ToyModel(), bucket_size_mb=0.001)
     for step in range(3):

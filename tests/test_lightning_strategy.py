@@ -40,6 +40,12 @@ FSDP_CASE = FitCase("fsdp", batchnorm=False, steps=3, resume_at=1, strategies=("
 # The same units beside Lightning's own FSDP strategy that runs on CPU: ModelParallelStrategy
 # (torch's fully_shard in the module's configure_model). Its FSDPStrategy (FSDP1) refuses a CPU
 # accelerator ("requires a GPU accelerator"), so it has no case here.
+# gradient_clip_val on SGD: Lightning clips with torch.nn.utils.clip_grad_norm_, which over our
+# FSDP's DTensor parameters takes the norm over every rank's shard (issue 47: each rank's own
+# shard's norm clipped it before, 6.8e-4 from DDPStrategy after 3 steps).
+FSDP_CLIP_CASE = FitCase("fsdp-clip", batchnorm=False, steps=3, clip=0.05, strategies=("lightning", "fsdp"),
+                         ours={"auto_wrap_policy": {torch.nn.Linear}})
+CLIP_ATOL = 1e-6  # float32 rounding: the norm's squares are summed per shard, then over ranks
 MODEL_PARALLEL_CASE = FitCase("fsdp-model-parallel", batchnorm=False, steps=3, strategies=("model_parallel", "fsdp"),
                               ours={"auto_wrap_policy": {torch.nn.Linear}})
 
@@ -62,6 +68,7 @@ def _cases() -> list[FitCase]:
         # every forward, FSDP keeps each rank's), resumed from its full checkpoint; beside DDP and
         # one process on the global batch.
         FSDP_CASE,
+        FSDP_CLIP_CASE,
         MODEL_PARALLEL_CASE,
         FitCase("static-graph", strategies=("lightning", "bucketed") + (VARIANTS[1:] if MATRIX else ()),
                 ours={"static_graph": True}, torch_ddp={"static_graph": True}),
@@ -100,7 +107,7 @@ def test_same_weights_as_lightning_ddp_strategy_and_a_failing_rank(tmp_path):
         refusal = results.pop("unused_refused")
         assert "spare.weight" in refusal and "find_unused_parameters=True" in refusal, refusal
     for case in cases[:-1]:
-        if case is MODEL_PARALLEL_CASE:
+        if case in (MODEL_PARALLEL_CASE, FSDP_CLIP_CASE):
             continue  # within float32 rounding, not bitwise: below
         for rank, results in enumerate(ranks):
             got = results[case.name]
@@ -121,8 +128,11 @@ def test_same_weights_as_lightning_ddp_strategy_and_a_failing_rank(tmp_path):
         # float32 rounding of two half-batch gradients summed against one whole-batch chain.
         _assert_same(results[FSDP_CASE.name]["fsdp"], results[FSDP_CASE.name]["whole_batch"],
                      f"CS336FSDPStrategy vs one process, rank {rank}", atol=1e-5)
-        # Both reduce-scatter the same per-rank gradients, chunked differently (torch's by rows,
-        # ours the flattened weight): float32 rounding apart, as beside fully_shard elsewhere.
+        got = results[FSDP_CLIP_CASE.name]
+        _assert_same(got["fsdp"], got["lightning"], f"CS336FSDPStrategy clipped vs DDPStrategy, rank {rank}",
+                     atol=CLIP_ATOL)
+        # Both reduce-scatter the same per-rank gradients, grouped differently (per Linear and
+        # root here, per parameter there): float32 rounding apart, as beside fully_shard elsewhere.
         got = results[MODEL_PARALLEL_CASE.name]
         _assert_same(got["fsdp"], got["model_parallel"], f"CS336FSDPStrategy vs ModelParallelStrategy, rank {rank}",
                      atol=1e-5)
@@ -191,6 +201,35 @@ def test_a_lightning_cli_yaml_config_builds_it(tmp_path):
     assert isinstance(strategy, CS336DDPStrategy)
     assert strategy._spec == CS336DDPStrategy(bucket_cap_mb=50, gradient_as_bucket_view=False, static_graph=True)._spec
     assert strategy.init_sync is True and strategy.check_reduction is False
+
+
+def test_fsdp_options_from_yaml_are_resolved_and_checked_when_built(tmp_path):
+    """A YAML config's class paths and dtype names become classes and dtypes when the strategy is
+    built; a bad one is refused then, naming it, instead of inside the ranks after they launched."""
+    pytest.importorskip("jsonargparse")
+    import lightning.pytorch as pl
+    from lightning.pytorch.cli import LightningCLI
+
+    from cs336_systems.lightning import CS336FSDPStrategy
+
+    def build(init_args: str):
+        config = tmp_path / "config.yaml"
+        config.write_text("trainer:\n  accelerator: cpu\n  devices: 2\n  logger: false\n  strategy:\n"
+                          "    class_path: cs336_systems.lightning.CS336FSDPStrategy\n"
+                          f"    init_args: {{{init_args}}}\n")
+        return LightningCLI(pl.LightningModule, run=False, args=["--config", str(config)],
+                            save_config_callback=None).trainer.strategy
+
+    strategy = build("auto_wrap_policy: [torch.nn.TransformerEncoderLayer], compute_dtype: bfloat16")
+    assert isinstance(strategy, CS336FSDPStrategy)
+    assert strategy._fsdp_kwargs["units"] == {torch.nn.TransformerEncoderLayer}
+    assert strategy._fsdp_kwargs["compute_dtype"] is torch.bfloat16
+    for init_args, words in (("auto_wrap_policy: [torch.nn.NoSuchLayer]", "'torch.nn.NoSuchLayer', which does not import"),
+                             ("auto_wrap_policy: [torch.nn.functional.relu]", "module classes"),
+                             ("reduce_dtype: int8", "reduce_dtype must be")):
+        with pytest.raises(ValueError) as info:
+            build(init_args)
+        assert words in str(info.value), (init_args, str(info.value)[-500:])
 
 
 def test_python_and_yaml_accept_the_same_options():

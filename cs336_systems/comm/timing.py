@@ -8,6 +8,7 @@ step ends when its slowest rank's does, so per-step times are reduced with MAX o
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
@@ -25,6 +26,33 @@ def sync_compute_stream(device: torch.device) -> None:
     communicated when compute ends stays outstanding, as it is in a real step."""
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
+
+
+class BackwardClock:
+    """When a backward's own computation ends, before the gradient reduction that DDP (ours and
+    torch's) runs as backward ends, where a fast rank waits for a slow one.
+
+    :meth:`watch` hooks the loss; its gradient is the first a backward computes, so the clock's
+    end-of-backward callback is queued with autograd's engine before any reduction's, and
+    callbacks run in the order they were queued. :attr:`compute_end` is then the
+    ``time.perf_counter()`` at which the computation ended (the compute stream waited for).
+    """
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.compute_end: float | None = None
+
+    def watch(self, loss: torch.Tensor) -> None:
+        self.compute_end = None
+        if loss.requires_grad:
+            loss.register_hook(self._queue_mark)
+
+    def _queue_mark(self, grad: torch.Tensor) -> None:
+        torch.autograd.Variable._execution_engine.queue_callback(self._mark)
+
+    def _mark(self) -> None:
+        sync_compute_stream(self.device)
+        self.compute_end = time.perf_counter()
 
 
 def small_tensor_device(device: torch.device, backend: str) -> torch.device:

@@ -172,7 +172,7 @@ class AutoBucketedDDP(BucketedDDP):
     layouts among the candidates (25 MB, the model's cap, half and double it: 1 to 4) are each
     used for ``TUNING_ROUNDS`` = 4 steps, one per round, and 25 MB's layout is kept unless
     another beat it in every round (steps timed from forward to the end of
-    :meth:`finish_gradient_synchronization`, slowest rank; see :class:`BucketTuner`). Tuning
+    the end of backward's reduction, slowest rank; see :class:`BucketTuner`). Tuning
     therefore takes 1 + 4 k synchronised steps for k >= 2 distinct layouts, at most 17, and
     only the first step when every candidate builds the same buckets. Only those steps wait
     for the device (to read the clock), and the last one agrees on the choice with one small
@@ -222,10 +222,8 @@ class AutoBucketedDDP(BucketedDDP):
             sync_device(self._device)  # the clock starts on an idle device
             self._tuning_start = time.perf_counter()
 
-    def finish_gradient_synchronization(self) -> None:
-        if not self._sync_this_backward:
-            return
-        super().finish_gradient_synchronization()
+    def _synchronize(self) -> None:
+        super()._synchronize()
         if self.tuning:
             self._tuning_step_done()
 

@@ -28,10 +28,22 @@ learns, with the same communication on every rank, how many ranks produced each 
 missing local gradients count as zeros, and a gradient stays ``None`` only where that count
 is zero everywhere. Only a rank that lacks some gradient needs to read that count, so a step
 in which every rank has every gradient never waits for the device.
+
+When gradients are reduced: as torch's DDP does, when the backward pass of a synchronised
+forward ends, with no call needed. A post-accumulate-grad hook on every synchronised parameter
+marks the backward as under way; the first one of a backward queues the reduction with
+autograd's engine (comm/end_of_backward.py: ``queue_callback``, what torch's reducer does in
+``mark_variable_ready`` and our FSDP in schedule.py), which runs it after the last gradient
+of that backward is accumulated, before ``backward()`` returns. So code written for torch's DDP
+(backward, then ``optimizer.step()``) trains in step here too; ``finish_gradient_synchronization()``,
+which the handout's adapters call, then finds nothing left to do. As in torch, hooks act only on a
+backward of the wrapper's own forward, once: a second backward without a forward in between is
+not reduced (torch's reducer ignores it too, ``expect_autograd_hooks_``).
 """
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
@@ -40,6 +52,7 @@ import torch.distributed as dist
 from torch import nn
 
 from cs336_systems.comm.coalesced import broadcast_coalesced
+from cs336_systems.comm.end_of_backward import AtEndOfBackward
 from cs336_systems.ddp.bucket import read_together
 from cs336_systems.ddp.mean_all_reduce import MeanAllReduce
 
@@ -95,8 +108,9 @@ class UsageCount:
 class DataParallel(nn.Module):
     """Base of the DDP variants: wraps ``module`` (kept as ``.module``) and keeps replicas equal.
 
-    Subclasses implement :meth:`finish_gradient_synchronization`, called after ``backward()``
-    and before ``optimizer.step()``.
+    Subclasses implement :meth:`_synchronize` (reduce this step's gradients), which runs when the
+    backward of a synchronised forward ends, or at :meth:`finish_gradient_synchronization` if
+    no gradient reached this rank's hooks; and may extend :meth:`_on_grad_ready`.
     """
 
     def __init__(
@@ -130,16 +144,31 @@ class DataParallel(nn.Module):
         # torch's DDP calls this require_forward_param_sync: whether the last forward was a
         # synchronised one with grad, which is when the next forward broadcasts buffers.
         self._buffers_stale = True
+        # Set by a synchronised forward, cleared once its gradients are reduced; hooks act only
+        # while it is set (torch's reducer: expect_autograd_hooks_).
+        self._awaiting_sync = False
+        self._at_end_of_backward = AtEndOfBackward(self.finish_gradient_synchronization)
         self.allreduce_calls_last_step = 0
         self._src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
         broadcast_coalesced(list(module.parameters()) + list(module.buffers()), src=self._src, group=process_group)
+        # The hooks reach the wrapper through a weak reference: a parameter holds its hooks where
+        # the garbage collector cannot follow, so a hook holding the wrapper would keep the
+        # wrapper, the module and every gradient buffer alive after the last user reference.
+        wrapper = weakref.ref(self)
+
+        def on_grad_ready(param: torch.Tensor) -> None:
+            alive = wrapper()
+            if alive is not None and alive._awaiting_sync:
+                alive._on_grad_ready(param)
+
+        self._hook_handles = [p.register_post_accumulate_grad_hook(on_grad_ready) for p in self.synced_params]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._check_not_released()
         self._before_forward()
         if self.broadcast_buffers and self._buffers_stale:
             self._broadcast_buffers()
-        self._sync_this_backward = self.require_backward_grad_sync
+        self._sync_this_backward = self._awaiting_sync = self.require_backward_grad_sync
         output = self.module(*args, **kwargs)
         self._buffers_stale = torch.is_grad_enabled() and self.require_backward_grad_sync
         return output
@@ -152,6 +181,10 @@ class DataParallel(nn.Module):
 
     def detach(self) -> None:
         """Stop acting on the module's backward passes (other wrappers may take over)."""
+        for handle in self._hook_handles:
+            handle.remove()
+        self._hook_handles = []
+        self._awaiting_sync = False
 
     def release(self) -> None:
         """Let go of everything this wrapper holds for communication; call it before
@@ -195,7 +228,23 @@ class DataParallel(nn.Module):
         finally:
             self.require_backward_grad_sync = previous
 
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        """A gradient of a synchronised backward is final: the first of a backward queues the
+        reduction to run when that backward ends (see the module docstring)."""
+        self._at_end_of_backward.queue()
+
     def finish_gradient_synchronization(self) -> None:
+        """Reduce this step's gradients now if the backward has not already done so; otherwise
+        (the usual case, and always inside ``no_sync()``) nothing. Kept for the handout's
+        adapters and for a backward that reached no hook on this rank."""
+        self._check_not_released()
+        if not self._awaiting_sync:
+            return
+        self._awaiting_sync = False
+        self._synchronize()
+
+    def _synchronize(self) -> None:
+        """Reduce the gradients of the synchronised backward that just ended (subclasses)."""
         raise NotImplementedError
 
     def on_train_batch_start(self) -> None:

@@ -15,8 +15,8 @@ counted over one steady-state step, world size 2).
 
 One gradient's path: its hook (overlap.py) marks it ready in its :class:`GradBucket`
 (bucket.py); when every gradient of the bucket is ready and every earlier bucket has started,
-the bucket packs and launches its all-reduce; ``finish_gradient_synchronization`` waits for
-it and writes the average into ``param.grad`` (overlap.py, then bucket.py).
+the bucket packs and launches its all-reduce; when backward ends, the wrapper waits for it
+and writes the average into ``param.grad`` (overlap.py, then bucket.py).
 
 Levers beyond the handout, each on by default and each measured on/off by the ablation
 benchmark (``scripts/bench_ddp.py --ablation``):
@@ -66,7 +66,7 @@ class BucketLayout:
 
 
 class BucketedDDP(OverlappedDataParallel):
-    """Bucketed overlapped DDP; call :meth:`finish_gradient_synchronization` before the step.
+    """Bucketed overlapped DDP; gradients are averaged when backward ends.
 
     ``bucket_size_mb=None`` puts every gradient of a dtype and device into one bucket.
     """

@@ -15,17 +15,14 @@ from cs336_systems.ddp.bucket import GradBucket, write_reduced_grads
 
 
 class FlatDDP(DataParallel):
-    """Call :meth:`finish_gradient_synchronization` after ``backward()``, before the step."""
+    """Gradients are averaged when backward ends (base.py); then ``optimizer.step()``."""
 
     def __init__(self, module: nn.Module, process_group=None, *, broadcast_buffers: bool = True):
         super().__init__(module, process_group, broadcast_buffers=broadcast_buffers)
         # Allocated once: a fresh buffer per step would cost an allocation the size of the model.
         self._buckets = [GradBucket(g) for g in group_by_dtype_and_device(self.synced_params)]
 
-    def finish_gradient_synchronization(self) -> None:
-        self._check_not_released()
-        if not self._sync_this_backward:
-            return
+    def _synchronize(self) -> None:
         for bucket in self._buckets:
             bucket.launch(self.comm)
         write_reduced_grads(self._buckets, self.world_size)

@@ -12,16 +12,13 @@ from cs336_systems.ddp.base import DataParallel, UsageCount
 
 
 class NaiveDDP(DataParallel):
-    """Call :meth:`finish_gradient_synchronization` after ``backward()``, before the step."""
+    """Gradients are averaged when backward ends (base.py); then ``optimizer.step()``."""
 
     def __init__(self, module: torch.nn.Module, process_group=None, *, broadcast_buffers: bool = True):
         super().__init__(module, process_group, broadcast_buffers=broadcast_buffers)
         self._usage = UsageCount(self.synced_params)
 
-    def finish_gradient_synchronization(self) -> None:
-        self._check_not_released()
-        if not self._sync_this_backward:
-            return
+    def _synchronize(self) -> None:
         # One small collective first, so that a parameter no rank used is skipped on every
         # rank alike, and one used by some ranks only is still reduced everywhere. A rank that
         # has every gradient knows every count is >= 1 without reading it.

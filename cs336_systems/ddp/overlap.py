@@ -20,16 +20,15 @@ ready unit waits.
 Hooks act only on a backward pass that started from this wrapper's own forward (as torch's
 reducer does), so several wrappers may share one module, as the step benchmark does.
 
-``finish_gradient_synchronization()`` launches whatever has not started (units whose
-parameters got no gradient this step, with zeros in their place), waits for every unit and
-writes the averaged gradients back (``write_reduced_grads``, bucket.py). Nothing on this path
-reads device memory unless some gradient is missing on this rank (see base.py); after it the
-next step starts clean.
+When the backward ends (base.py queues it), the rest of the step launches whatever has not
+started (units whose parameters got no gradient this step, with zeros in their place), waits
+for every unit and writes the averaged gradients back (``write_reduced_grads``, bucket.py).
+Nothing on this path reads device memory unless some gradient is missing on this rank (see
+base.py); after it the next step starts clean.
 """
 
 from __future__ import annotations
 
-import weakref
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -79,20 +78,8 @@ class OverlappedDataParallel(DataParallel):
         self._cursor = 0  # the next unit to launch
         self._ready_order: list[int] = []  # ids of parameters, in the order hooks fired
         self._ready_ids: set[int] = set()
-        self._expect_hooks = False  # set by our forward, cleared when the step finishes
         self.launch_order: list[nn.Parameter] = list(reversed(self.synced_params))
         self.rebuild_units(build_units)
-        # The hooks reach the wrapper through a weak reference: a parameter holds its hooks where
-        # the garbage collector cannot follow, so a hook holding the wrapper would keep the
-        # wrapper, the module and every gradient buffer alive after the last user reference.
-        wrapper = weakref.ref(self)
-
-        def on_grad_ready(param: torch.Tensor) -> None:
-            alive = wrapper()
-            if alive is not None:
-                alive._on_grad_ready(param)
-
-        self._hook_handles = [p.register_post_accumulate_grad_hook(on_grad_ready) for p in self.synced_params]
 
     def rebuild_units(self, build_units: UnitFactory) -> None:
         """Use ``build_units`` from now on, on the current launch order (between steps only)."""
@@ -113,16 +100,9 @@ class OverlappedDataParallel(DataParallel):
     def _before_forward(self) -> None:
         if self._step_in_progress():
             raise RuntimeError(
-                "finish_gradient_synchronization() was not called after the previous backward "
-                "pass; call it after every synchronised backward, before optimizer.step()"
+                "the previous backward's gradients were never reduced (that backward did not end, "
+                "or its reduction raised): call finish_gradient_synchronization() before the next forward"
             )
-        self._expect_hooks = True
-
-    def detach(self) -> None:
-        for handle in self._hook_handles:
-            handle.remove()
-        self._hook_handles = []
-        self._expect_hooks = False
 
     def on_train_batch_start(self) -> None:
         self._check_not_released()
@@ -136,14 +116,13 @@ class OverlappedDataParallel(DataParallel):
         self._ready_order, self._ready_ids = [], set()
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
-        if not (self._expect_hooks and self._sync_this_backward):
-            return
+        super()._on_grad_ready(param)
         key = id(param)
         if key in self._ready_ids:
             raise RuntimeError(
-                f"parameter {self._param_names.get(key, '?')!r} received a second gradient in "
-                "one synchronised step (two backward passes without finish in between); "
-                "wrap all but the last micro-batch in no_sync() to accumulate gradients"
+                f"parameter {self._param_names.get(key, '?')!r} received a second gradient before "
+                "this step's reduction ended (a backward nested in another, as reentrant activation "
+                "checkpointing runs one?): use torch.utils.checkpoint with use_reentrant=False"
             )
         self._ready_order.append(key)
         self._ready_ids.add(key)
@@ -153,10 +132,7 @@ class OverlappedDataParallel(DataParallel):
             units[self._cursor].launch(self.comm)
             self._cursor += 1
 
-    def finish_gradient_synchronization(self) -> None:
-        self._check_not_released()
-        if not self._sync_this_backward:
-            return
+    def _synchronize(self) -> None:
         for unit in self._units[self._cursor :]:
             unit.launch(self.comm)
         self._cursor = len(self._units)
@@ -166,7 +142,6 @@ class OverlappedDataParallel(DataParallel):
             self._reorder_pending = False
             self._adopt_rank0_ready_order()
         self._reset_step()
-        self._expect_hooks = False
 
     def _adopt_rank0_ready_order(self) -> None:
         """Rebuild units in the order rank 0's gradients became ready in this step.
@@ -179,7 +154,7 @@ class OverlappedDataParallel(DataParallel):
         seen = [index_of[key] for key in self._ready_order]
         fired = set(seen)
         rest = [i for i in reversed(range(len(self.synced_params))) if i not in fired]
-        order = torch.tensor(seen + rest, dtype=torch.int64, device=self.synced_params[0].device)
+        order = torch.tensor(seen + rest, dtype=torch.int64).to(self.synced_params[0].device)
         dist.broadcast(order, src=self._src, group=self.process_group)
         self.launch_order = [self.synced_params[i] for i in order.tolist()]
         self.rebuild_units(self._build_units)

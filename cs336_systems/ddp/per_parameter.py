@@ -97,7 +97,7 @@ def parameter_units(params_in_launch_order: Sequence[nn.Parameter]) -> list[Redu
 
 
 class PerParameterDDP(OverlappedDataParallel):
-    """Per-parameter overlapped DDP; call :meth:`finish_gradient_synchronization` before the step.
+    """Per-parameter overlapped DDP; gradients are averaged when backward ends.
 
     Besides one all-reduce per parameter, each step ends with one small all-reduce counting,
     per parameter, the ranks that produced its gradient (see base.py on unused parameters).

@@ -21,6 +21,12 @@ Each problem becomes a *finding*: a sentence that says what is wrong, with the v
 what usually causes it. ``inject`` plants one known fault, to test the doctor and to show what
 each finding looks like.
 
+Inside the user's own job, the same questions are asked of their training: :class:`JobDoctor`
+(in_job.py) in a plain PyTorch loop, ``DoctorCallback`` (callback.py) in a Lightning Trainer.
+
+* in_job.py        JobDoctor: hooks on the user's model, optimizer and loader; the report
+* callback.py      DoctorCallback: JobDoctor in Lightning (imports Lightning)
+* job_findings.py  the in-job findings: per-rank observations in, sentences out
 * setting.py   DoctorSetting (the script's flags) and the faults it can plant
 * run.py       the ranks: check-in, training steps, checksums, calibration; run_doctor
 * findings.py  pure finders: gathered measurements in, sentences out
@@ -31,6 +37,7 @@ each finding looks like.
 
 from cs336_systems.doctor.diagnose import build_report
 from cs336_systems.doctor.findings import (
+    AFTER_FIRST_STEP,
     AFTER_TRAINING,
     AFTER_WRAPPING,
     BEFORE_BROADCAST,
@@ -42,7 +49,8 @@ from cs336_systems.doctor.findings import (
     find_stragglers,
     ranks_text,
 )
-from cs336_systems.doctor.format import exit_status, format_report
+from cs336_systems.doctor.format import exit_status, format_job_report, format_report
+from cs336_systems.doctor.in_job import JobDoctor
 from cs336_systems.doctor.report import CalibrationRow, DoctorReport, RankInfo
 from cs336_systems.doctor.run import DoctorRun, parameter_checksums, run_doctor, run_doctor_scenarios
 from cs336_systems.doctor.setting import (

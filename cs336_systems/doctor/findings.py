@@ -15,15 +15,18 @@ SHOWN = 5  # indices, ranks or parameters quoted in a finding before "..."
 # Stages at which parameters are compared, and what a mismatch first seen there usually means.
 BEFORE_BROADCAST = "before any broadcast"
 AFTER_WRAPPING = "right after wrapping in DDP"
+AFTER_FIRST_STEP = "after the first optimizer step"
 AFTER_TRAINING = "after the training steps"
+_DIFFERENT_STEPS = ("replicas took different optimizer steps: gradients were not averaged over all ranks "
+                    "(a model not wrapped in DDP, or trained through .module instead of the wrapper), a rank "
+                    "changed its weights alone, or ranks used different learning rates or optimizers")
 STAGE_CAUSES = {
     BEFORE_BROADCAST: "ranks were seeded differently and nothing broadcast rank 0's weights; "
     "wrap the model in DDP (which broadcasts) or seed every rank alike",
     AFTER_WRAPPING: "the DDP wrapper did not broadcast rank 0's parameters and buffers at "
     "construction",
-    AFTER_TRAINING: "replicas took different optimizer steps: gradients were not averaged over "
-    "all ranks (call finish_gradient_synchronization() after backward and before "
-    "optimizer.step()), or ranks used different learning rates or optimizers",
+    AFTER_FIRST_STEP: _DIFFERENT_STEPS,
+    AFTER_TRAINING: _DIFFERENT_STEPS,
 }
 
 

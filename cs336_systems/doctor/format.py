@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from cs336_systems import cli
 from cs336_systems.doctor.report import DoctorReport
 from cs336_systems.units import KB, MB
@@ -59,3 +61,20 @@ def format_report(report: DoctorReport) -> str:
 def exit_status(report: DoctorReport) -> int:
     """0 when healthy, 1 when something was found."""
     return 0 if report.ok else 1
+
+
+def format_job_report(ranks: list, findings: list[str]) -> str:
+    """The in-job doctor's report (in_job.py): one row per rank, then the findings."""
+    def median_ms(values: list[float]) -> str:
+        return _ms(statistics.median(values)) if values else "-"
+
+    rows = [[r.rank, r.world_size, r.backend, r.hostname[:16], r.device, r.sampler or "-", r.batches_per_epoch or "-",
+             r.batches, r.samples, r.optimizer_steps, median_ms(r.step_s), median_ms(r.compute_s),
+             _ms(min(r.compute_s[1:])) if len(r.compute_s) > 1 else "-"] for r in ranks]
+    header = ["rank", "world", "backend", "host", "device", "sampler", "per epoch", "batches", "samples", "steps",
+              "step ms", "compute ms", "fastest"]
+    lines = [f"DDP doctor, inside the job: {len(ranks)} ranks", cli.format_table(header, rows, right=lambda i: i > 5),
+             "(compute: the batch's forward to the end of backward's own work, before DDP's reduction)",
+             f"FOUND {len(findings)} problem{'s' if len(findings) > 1 else ''}:"]
+    lines += [f"  {i}. {finding}" for i, finding in enumerate(findings, start=1)]
+    return "\n".join(lines)

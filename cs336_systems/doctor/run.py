@@ -25,10 +25,11 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from cs336_basics.model import TransformerLM, count_parameters
-from cs336_systems.comm.timing import sync_compute_stream
+from cs336_systems.comm.timing import BackwardClock, sync_compute_stream
 from cs336_systems.ddp import BucketedDDP
 from cs336_systems.ddp.auto_bucket import calibrate_allreduce
 from cs336_systems.doctor.diagnose import build_report
+from cs336_systems.doctor.in_job import replica_checksums
 from cs336_systems.doctor.findings import (
     AFTER_TRAINING,
     AFTER_WRAPPING,
@@ -47,8 +48,6 @@ from cs336_systems.doctor.setting import (
 )
 from cs336_systems.launch import RankContext, run_ranks
 
-_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
 
 @dataclass(frozen=True)
 class DoctorRun:
@@ -61,14 +60,7 @@ class DoctorRun:
 
 def parameter_checksums(module: nn.Module) -> list[ParameterChecksum]:
     """One :class:`ParameterChecksum` per parameter of ``module``, in ``named_parameters`` order."""
-    out = []
-    with torch.no_grad():
-        for p in module.parameters():
-            bits = p.detach().contiguous().view(_INT_OF_SIZE[p.element_size()])
-            values = p.detach().double()
-            out.append(ParameterChecksum(int(bits.sum(dtype=torch.int64)), float(values.sum()),
-                                         float((values * values).sum())))
-    return out
+    return replica_checksums(list(module.parameters()))
 
 
 def _connect_store(ctx: RankContext, timeout_s: float) -> dist.Store:
@@ -135,10 +127,11 @@ def _train_steps(
     """Median step, median and least compute, and median wait seconds over the timed steps.
 
     Only the compute stream is waited for before each clock read: waiting for NCCL's streams
-    would count communication as compute.
+    would count communication as compute. The wrapper reduces as backward ends, so compute ends
+    where :class:`BackwardClock` marks it, and the wait runs from there to the end of backward.
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    finish = getattr(model, "finish_gradient_synchronization", None)
+    clock = BackwardClock(ctx.device)
     rows_per_step = setting.global_batch // ctx.world_size
     steps, computes, waits = [], [], []
     for step in range(setting.warmup_steps + setting.steps):
@@ -149,13 +142,12 @@ def _train_steps(
         if inject == STRAGGLER and ctx.rank == FAULTY_RANK:
             time.sleep(setting.straggler_delay_s)
         logits = model(batch[:, :-1])
-        F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).backward()
+        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        clock.watch(loss)
+        loss.backward()
         sync_compute_stream(ctx.device)
-        computed = time.perf_counter()
-        if finish is not None:
-            finish()
-            sync_compute_stream(ctx.device)
         waited = time.perf_counter()
+        computed = clock.compute_end if clock.compute_end is not None else waited
         optimizer.step()
         sync_compute_stream(ctx.device)
         if step >= setting.warmup_steps:

@@ -14,9 +14,12 @@ is its own FSDP module; the wrapper itself gives whole tensors under the model's
     # rank 0: plain_model.load_state_dict(full)
 
 How. torch's helpers gather and distribute DTensors and pass every other tensor through, so a
-shard must appear as a DTensor of the weight's own shape. Ours is a slice of the flattened,
-padded weight (sharded_weight.py), which no DTensor placement describes: a ``Shard(0)`` DTensor
-holds whole rows, ``torch.chunk``'s split. So ``state_dict()`` all-gathers each weight (one at a
+shard must appear as a DTensor of the weight's own shape. With every parameter sharded and no
+hybrid sharding, the module already holds one (sharded_weight.py): it and its optimizer state
+are saved as they are, and loading turns a whole tensor (or a DTensor placed otherwise) into it.
+With the handout's sharding, or hybrid sharding, a shard is a slice of the flattened, padded
+weight, which no DTensor placement describes: a ``Shard(0)`` DTensor holds whole rows,
+``torch.chunk``'s split. So there ``state_dict()`` all-gathers each weight (one at a
 time; the full weight lives only while its rows are copied out) and yields this rank's rows as a
 ``Shard(0)`` DTensor on the FSDP group's mesh, which is the layout ``fully_shard`` uses; loading
 takes a DTensor (gathered whole) or a whole tensor and cuts this rank's flat slice from it. The
@@ -112,8 +115,12 @@ def to_dtensor(weight: ShardedWeight, flat: torch.Tensor) -> DTensor:
 
 
 def to_flat_shard(weight: ShardedWeight, value: Any, key: str) -> torch.Tensor:
-    """This rank's flat slice of a checkpointed weight-shaped value: a DTensor of any placement
-    (gathered whole: a collective over its mesh) or a whole tensor."""
+    """This rank's part of a checkpointed weight-shaped value, as the module holds it (the flat
+    slice, or a ``Shard(0)`` DTensor: ``ShardedWeight.from_full``): from a DTensor of any
+    placement (gathered whole: a collective over its mesh; none when it is already placed as
+    the module's is) or a whole tensor."""
+    if weight.mesh is not None and isinstance(value, DTensor) and _placed_as_param(weight, value):
+        return value
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{key}: expected a tensor for an FSDP-sharded weight, got {type(value).__name__}")
     full = value.full_tensor() if isinstance(value, DTensor) else value
@@ -123,7 +130,13 @@ def to_flat_shard(weight: ShardedWeight, value: Any, key: str) -> torch.Tensor:
             f"{tuple(weight.layout.shape)}; load the whole weight or a DTensor of it (what "
             "get_model_state_dict/get_optimizer_state_dict return), not a rank's flat shard"
         )
-    return weight.layout.shard_of(full.detach().to(weight.shard.device))
+    return weight.from_full(full)
+
+
+def _placed_as_param(weight: ShardedWeight, value: DTensor) -> bool:
+    param = weight.param
+    return (value.device_mesh == param.device_mesh and value.placements == param.placements
+            and value.shape == param.shape)
 
 
 # -- the model: state_dict() yields DTensors, load_state_dict() takes DTensors or whole weights --
@@ -131,7 +144,7 @@ def to_flat_shard(weight: ShardedWeight, value: Any, key: str) -> torch.Tensor:
 def _save_rows(weight: ShardedWeight, name: str, module: nn.Module, state_dict: dict, prefix: str,
                metadata) -> None:
     key = f"{prefix}{name}"
-    if key in state_dict:
+    if key in state_dict and weight.mesh is None:  # a DTensor parameter is saved as it is
         state_dict[key] = to_dtensor(weight, state_dict[key])
 
 
@@ -148,7 +161,7 @@ def install_state_dict_hooks(module: nn.Module, sharded_weights: list[ShardedWei
     modules; a slot once, however many wrappers or ``fully_shard`` calls see it), and make
     optimizers over them hook themselves on their first step."""
     global _step_hook
-    by_shard = {id(w.shard): w for w in sharded_weights}
+    by_shard = {id(w.param): w for w in sharded_weights}
     if options.is_hybrid:
         _hybrid.update(dict.fromkeys(sharded_weights, options))
     for layer in module.modules():
@@ -181,12 +194,13 @@ def _params_by_key(optimizer: torch.optim.Optimizer, state_dict: dict) -> list[t
 
 
 def _is_shard_state(weight: ShardedWeight, value: Any) -> bool:
-    return type(value) is torch.Tensor and value.shape == weight.shard.shape
+    """A flat shard's state (a DTensor parameter's state is a DTensor already)."""
+    return weight.mesh is None and type(value) is torch.Tensor and value.shape == weight.shard.shape
 
 
 def _is_weight_state(weight: ShardedWeight, value: Any) -> bool:
     return isinstance(value, DTensor) or (
-        isinstance(value, torch.Tensor) and value.shape == weight.layout.shape
+        isinstance(value, torch.Tensor) and value.shape == weight.layout.shape and value.dim() > 0
     )
 
 

@@ -37,29 +37,40 @@ the eager model's weights. The cost in eager mode: about a microsecond per hook 
 from __future__ import annotations
 
 import functools
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Callable, Union
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from cs336_systems.fsdp.checkpoint import install_state_dict_hooks
 from cs336_systems.fsdp.options import FsdpOptions
 from cs336_systems.fsdp.root import Root, cast_floats
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
+from cs336_systems.fsdp.torch_keywords import resolve
 from cs336_systems.fsdp.unit import Call, Unit
+
+if TYPE_CHECKING:  # torch's types, for the signature only
+    from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
 
 def shard_unit(module: nn.Module, compute_dtype: torch.dtype | None,
-               group: dist.ProcessGroup | None) -> Call:
+               group: dist.ProcessGroup | None, as_dtensors: bool = True) -> Call:
     """Shard every parameter of ``module``'s subtree outside nested units; returns its call.
 
+    ``as_dtensors``: the module holds each as a ``Shard(0)`` DTensor of its own shape, as under
+    torch's ``fully_shard`` (sharded_weight.py); False (hybrid sharding): the flat shard.
     A parameter tied to one a nested unit sharded (the same ``nn.Parameter`` in two places) is
     not sharded again: this unit's slot holds the nested unit's weight, gathered with it.
     """
     nested = [m for m in module.modules() if m is not module and "_fsdp_call" in m.__dict__]
     inside = {id(x) for m in nested for x in m.modules()}
-    known = {id(w.shard): w for m in nested for unit in m._fsdp_units for w in unit.members}
+    known = {id(w.param): w for m in nested for unit in m._fsdp_units for w in unit.members}
+    mesh = None
+    if as_dtensors and any(True for _ in module.parameters()):
+        device = next(module.parameters()).device
+        mesh = DeviceMesh.from_group(group or dist.group.WORLD, device.type)
     made: dict[int, ShardedWeight] = {}
     slots: list[tuple[nn.Module, str, ShardedWeight]] = []
     for owner_name, owner in module.named_modules():
@@ -76,10 +87,10 @@ def shard_unit(module: nn.Module, compute_dtype: torch.dtype | None,
                         "FSDP shards floating parameters only"
                     )
                 full_name = f"{owner_name}.{name}" if owner_name else name
-                weight = made[id(param)] = ShardedWeight(full_name, param, compute_dtype, group)
+                weight = made[id(param)] = ShardedWeight(full_name, param, compute_dtype, group, mesh)
             slots.append((owner, name, weight))
     for owner, name, weight in slots:
-        owner._parameters[name] = weight.shard
+        owner._parameters[name] = weight.param
     by_dtype: dict[torch.dtype, list[ShardedWeight]] = {}
     for weight in made.values():  # a unit gathers one dtype: split one that mixes them
         by_dtype.setdefault(weight.compute_dtype, []).append(weight)
@@ -138,7 +149,7 @@ def _post_forward(module: nn.Module, args: tuple, output):
     root.schedule.post_forward(module._fsdp_call)
     if Root.active is root and root.module is module:
         root.exit()
-    return None
+    return cast_floats(output, module.__dict__.get("_fsdp_output_dtype"))
 
 
 class FSDPModule:
@@ -192,8 +203,8 @@ def shard_units(module: nn.Module, compute_dtype: torch.dtype | None, group: dis
     depth = {id(m): len(n.split(".")) for n, m in module.named_modules()}
     for m in sorted(elements, key=lambda m: -depth[id(m)]):
         if "_fsdp_call" not in m.__dict__ and any(True for _ in m.parameters()):
-            shard_unit(m, compute_dtype, group)
-    call = shard_unit(module, compute_dtype, group)
+            shard_unit(m, compute_dtype, group, not options.is_hybrid)
+    call = shard_unit(module, compute_dtype, group, not options.is_hybrid)
     call.reshard = False  # the outermost unit's parameters stay until backward, as torch's root
     for m in module.modules():
         if "_fsdp_call" in m.__dict__:
@@ -215,28 +226,32 @@ def _hook_recomputation(module: nn.Module) -> None:
 _classes: dict[type, type] = {}
 
 
-def fully_shard(module: nn.Module, *, compute_dtype: torch.dtype | None = None,
-                reduce_dtype: torch.dtype | None = None, reshard_after_forward: bool = True,
-                cast_forward_inputs: bool = True,
+def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_after_forward: bool | None = True,
+                shard_placement_fn: None = None, mp_policy: MixedPrecisionPolicy | None = None,
+                offload_policy: OffloadPolicy | None = None, ignored_params: None = None,
+                dp_mesh_dims: None = None, compute_dtype: torch.dtype | None = None,
+                reduce_dtype: torch.dtype | None = None, cast_forward_inputs: bool = True,
                 group: dist.ProcessGroup | None = None) -> nn.Module:
     """Shard ``module``'s parameters in place (those no nested call sharded) and return it.
 
-    ``compute_dtype`` and ``reduce_dtype`` are ``MixedPrecisionPolicy``'s ``param_dtype`` and
-    ``reduce_dtype``; ``cast_forward_inputs`` its flag; ``reshard_after_forward`` and
-    ``group`` (the process group to shard over; None: the world) as torch's ``fully_shard``.
+    torch's keywords (``mesh``, ``reshard_after_forward``, ``mp_policy``, ``offload_policy``,
+    ...) mean what they mean in torch's ``fully_shard``, or are refused in one line
+    (torch_keywords.py). Ours, older: ``compute_dtype`` and ``reduce_dtype`` are
+    ``MixedPrecisionPolicy``'s ``param_dtype`` and ``reduce_dtype``, ``cast_forward_inputs`` its
+    flag, ``group`` the process group to shard over (None: the world; ``mesh``'s group).
     Each rank keeps its slice of its own values, as torch does: initialise every rank alike.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"fully_shard takes an nn.Module, got {type(module).__name__}")
     if "_fsdp_call" in module.__dict__:
         raise ValueError(f"{type(module).__name__} was already sharded by fully_shard")
-    if compute_dtype not in (None, torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(
-            "compute_dtype must be one of None (the parameters' dtype), torch.float32, "
-            f"torch.float16 or torch.bfloat16; got {compute_dtype!r}"
-        )
-    options = FsdpOptions(reshard_after_forward=reshard_after_forward, reduce_dtype=reduce_dtype,
-                          sync_module_states=False, cast_forward_inputs=cast_forward_inputs)
+    keywords = resolve(mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp_policy,
+                       offload_policy=offload_policy, compute_dtype=compute_dtype, reduce_dtype=reduce_dtype,
+                       cast_forward_inputs=cast_forward_inputs, group=group, shard_placement_fn=shard_placement_fn,
+                       ignored_params=ignored_params, dp_mesh_dims=dp_mesh_dims)
+    compute_dtype, group = keywords.compute_dtype, keywords.group
+    options = FsdpOptions(reshard_after_forward=keywords.reshard_after_forward, reduce_dtype=keywords.reduce_dtype,
+                          sync_module_states=False, cast_forward_inputs=keywords.cast_forward_inputs)
     options.validate(exact_gradients=False)
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
@@ -246,6 +261,7 @@ def fully_shard(module: nn.Module, *, compute_dtype: torch.dtype | None = None,
     shard_unit(module, compute_dtype, group)
     module.__dict__["_fsdp_options"] = options
     module.__dict__["_fsdp_compute_dtype"] = compute_dtype
+    module.__dict__["_fsdp_output_dtype"] = keywords.output_dtype
     install_state_dict_hooks(module, [w for u in module._fsdp_units for w in u.members], options)
     module.register_forward_pre_hook(_pre_forward, with_kwargs=True)
     module.register_forward_hook(_post_forward, always_call=True)

@@ -47,7 +47,10 @@ import torch.distributed as dist
 if TYPE_CHECKING:  # imported late elsewhere: absent from some builds
     from torch.distributed.device_mesh import DeviceMesh
 
-REDUCE_DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
+# The dtypes weights may be gathered and computed in, and gradients reduced in (None: the
+# parameters' own, and float32).
+COMPUTE_DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
+REDUCE_DTYPES = COMPUTE_DTYPES
 
 
 @dataclass(frozen=True)

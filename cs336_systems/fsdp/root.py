@@ -138,7 +138,7 @@ class Root:
     @torch.no_grad()
     def gather_full_params(self, module: nn.Module) -> dict[str, torch.Tensor]:
         """Every parameter of ``module`` by name, full (a collective: all ranks call)."""
-        by_shard = {id(w.shard): w for w in self.weights}
+        by_shard = {id(w.param): w for w in self.weights}
         full: dict[str, torch.Tensor] = {}
         for name, p in module.named_parameters():
             weight = by_shard.get(id(p))
@@ -146,6 +146,6 @@ class Root:
                 full[name] = p.detach().clone()
                 continue
             padded = torch.empty(weight.layout.padded_numel, dtype=p.dtype, device=p.device)
-            dist.all_gather_into_tensor(padded, p.detach(), group=weight.group)
+            dist.all_gather_into_tensor(padded, weight.shard.detach(), group=weight.group)
             full[name] = weight.layout.unflatten(padded)
         return full

@@ -54,6 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from cs336_systems.comm.end_of_backward import AtEndOfBackward
 from cs336_systems.fsdp.activation_checkpointing import is_recomputing
 from cs336_systems.fsdp.reduction import Reductions
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
@@ -118,7 +119,7 @@ class Schedule:
         self._kept: set[int] = set()  # weights a call kept gathered for backward
         self._backward_units: list[Unit] = []  # units whose weights backward gathers, in order
         self._backward_cursor = 0
-        self._finish_queued = False  # finish() is queued to run when this backward ends
+        self._at_end_of_backward = AtEndOfBackward(self.finish)  # finish() when this backward ends
         self._biases: dict[nn.Module, nn.Parameter] = {}  # master biases of layers mid-call
 
     # -- gathering -----------------------------------------------------------------------------
@@ -188,7 +189,7 @@ class Schedule:
                 self._order.append(weight)
                 self._saved.append(False)
             full = self.full(weight)
-            if grad and weight.shard.requires_grad:
+            if grad and weight.param.requires_grad:
                 if recompute:  # no new use: the original use's gradient is the one that arrives
                     weight.recompute_holds += 1
                 else:
@@ -217,7 +218,7 @@ class Schedule:
             return  # its pre-hook never ran (a forward that failed before it)
         call.depth -= 1
         for module, name, weight in call.slots:
-            module._parameters[name] = weight.shard
+            module._parameters[name] = weight.param
             if module in self._biases:
                 module._parameters["bias"] = self._biases.pop(module)
         for weight in call.weights:
@@ -272,15 +273,7 @@ class Schedule:
         if not self.sync:
             return
         self.grad_pending = True
-        if not self._finish_queued:
-            self._finish_queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish_after_backward)
-
-    def _finish_after_backward(self) -> None:
-        try:
-            self.finish()
-        finally:
-            self._finish_queued = False
+        self._at_end_of_backward.queue()
 
     def on_weight_grad(self, weight: ShardedWeight, grad_full: torch.Tensor) -> None:
         self.note_backward()

@@ -17,6 +17,17 @@ zero under SGD and AdamW alike.
   gradient, sliced instead);
 * the shard's ``.grad`` is written only by :meth:`install_grad`, after the reduction was waited
   for, so an optimizer never sees a partial sum.
+
+What the module holds at rest (:attr:`ShardedWeight.param`). With the handout's sharding (the
+wrapper's ``shard="weights"``) it is the flat shard itself. With every parameter sharded
+(``fully_shard``, the wrapper's ``shard="all"``) it is what torch's ``fully_shard`` holds: a
+``Shard(0)`` DTensor of the weight's own shape, whose local tensor is a view of this rank's rows
+in the shard (``rows=True`` layouts cut whole rows, ``torch.chunk``'s split, padded with zero
+rows). So code that reads parameters reads them as under torch: ``p.shape``, ``p.numel()`` and
+``p.dim()`` are the full weight's (nanoGPT's weight-decay groups by ``p.dim() >= 2``), and
+``torch.nn.utils.clip_grad_norm_`` reduces the norm over the ranks, since the gradient is a
+``Shard(0)`` DTensor too. The optimizer updates the view in place, so the shard the all-gathers
+send is the one it stepped.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard
 
 if TYPE_CHECKING:
     from cs336_systems.fsdp.unit import Unit, UnitGather
@@ -40,14 +53,29 @@ class ShardLayout:
     shape: torch.Size  # the weight's shape in the module
     world_size: int
     rank: int
+    rows: bool = False  # cut whole rows (dim 0), as a Shard(0) DTensor does; else elements
 
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
 
     @property
+    def row_numel(self) -> int:
+        """Elements per unit of the cut: a row of dim 0, or one element."""
+        return math.prod(self.shape[1:]) if self.rows else 1
+
+    @property
     def shard_numel(self) -> int:
-        return -(-self.numel // self.world_size)
+        units = self.shape[0] if self.rows else self.numel
+        return -(-units // self.world_size) * self.row_numel
+
+    @property
+    def local_shape(self) -> torch.Size:
+        """The rows this rank holds of a ``rows`` layout (``torch.chunk``'s: the last ranks may
+        hold fewer, or none)."""
+        per_rank = self.shard_numel // max(self.row_numel, 1)
+        held = max(0, min(self.shape[0], (self.rank + 1) * per_rank) - self.rank * per_rank)
+        return torch.Size((held, *self.shape[1:]))
 
     @property
     def padded_numel(self) -> int:
@@ -74,13 +102,22 @@ class ShardedWeight:
         weight: nn.Parameter,
         compute_dtype: torch.dtype | None,
         group: dist.ProcessGroup | None = None,
+        mesh: DeviceMesh | None = None,
     ):
         self.name = name  # the weight's name in the wrapped module (its first name if tied)
         self.group = group
-        self.layout = ShardLayout(weight.shape, dist.get_world_size(group), dist.get_rank(group))
+        # A 1-D mesh over ``group``: the module then holds a Shard(0) DTensor (module docstring).
+        self.mesh = mesh if weight.dim() > 0 else None
+        self._stride = torch.empty(weight.shape, device="meta").stride()  # the whole weight's, contiguous
+        self.layout = ShardLayout(weight.shape, dist.get_world_size(group), dist.get_rank(group),
+                                  rows=self.mesh is not None)
         self.shard = nn.Parameter(
             self.layout.shard_of(weight.detach()), requires_grad=weight.requires_grad
         )
+        # What the module's slot holds at rest, and the optimizer steps.
+        self.param: nn.Parameter = self.shard
+        if self.mesh is not None:
+            self.param = nn.Parameter(self.as_dtensor(self.shard.detach()), requires_grad=weight.requires_grad)
         # The dtype the weight is gathered and computed in; master shards keep their own.
         self.compute_dtype = compute_dtype or weight.dtype
         self._padded: torch.Tensor | None = None  # the gathered buffer while it lives
@@ -96,6 +133,22 @@ class ShardedWeight:
         # Recomputations (activation checkpointing) holding the gathered weight until the
         # original use's gradient arrives: the tensors they saved are views of it.
         self.recompute_holds = 0
+
+    # -- what the module holds ---------------------------------------------------------------
+
+    def as_dtensor(self, flat: torch.Tensor) -> DTensor:
+        """A shard-sized flat tensor's valid rows (a view) as a ``Shard(0)`` DTensor of the
+        weight's shape."""
+        local_shape = self.layout.local_shape
+        local = flat[: math.prod(local_shape)].view(local_shape)
+        return DTensor.from_local(local, self.mesh, [Shard(0)], run_check=False, shape=self.layout.shape,
+                                  stride=self._stride)
+
+    def from_full(self, full: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a whole weight-shaped value, as :attr:`param` holds it: a DTensor,
+        or the flat shard."""
+        flat = self.layout.shard_of(full.detach().to(self.shard.device))
+        return flat if self.mesh is None else self.as_dtensor(flat)
 
     # -- the full weight ---------------------------------------------------------------------
 
@@ -220,10 +273,14 @@ class ShardedWeight:
         """After every reduction was waited for: average and add to the shard's ``.grad``."""
         for total in self._reduced:
             grad = total.to(torch.float32).div_(world_size).to(self.shard.dtype)
-            if self.shard.grad is None:
-                self.shard.grad = grad
+            param = self.param
+            if param.grad is None:
+                param.grad = grad if self.mesh is None else self.as_dtensor(grad)
+            elif self.mesh is None:
+                param.grad.add_(grad)
             else:
-                self.shard.grad.add_(grad)
+                local = param.grad.to_local()
+                local.add_(grad[: local.numel()].view_as(local))
         self._reduced = []
         self.uses = 0
         self.grads_in = 0

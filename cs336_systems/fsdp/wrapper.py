@@ -38,7 +38,7 @@ from cs336_systems.fsdp.activation_checkpointing import checkpoint_layers
 from cs336_systems.fsdp.checkpoint import install_state_dict_hooks
 from cs336_systems.fsdp.composable import UnitPolicy, adopt, shard_units, unit_selector, units_under
 from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
-from cs336_systems.fsdp.options import FsdpOptions
+from cs336_systems.fsdp.options import COMPUTE_DTYPES, FsdpOptions
 from cs336_systems.fsdp.root import Root
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
 from cs336_systems.fsdp.unit import Call, build_units, unit_keys
@@ -47,7 +47,6 @@ if TYPE_CHECKING:  # imported late elsewhere: absent from some builds
     from torch.distributed.device_mesh import DeviceMesh
 
 SHARDED_TYPES: tuple[type[nn.Module], ...] = (Linear, Embedding, nn.Linear, nn.Embedding)
-COMPUTE_DTYPES = (None, torch.float32, torch.float16, torch.bfloat16)
 SHARD_CHOICES = ("weights", "all")
 
 # torch's state-dict helpers drop this attribute's name from every key (it is how they see
@@ -175,7 +174,7 @@ class FullyShardedDataParallel(nn.Module):
         else:
             self.sharded_weights, self.units = self._shard_weights(layers, shard_group)
         install_state_dict_hooks(module, self.sharded_weights, options)  # torch's DCP helpers: checkpoint.py
-        shards = {id(w.shard) for w in self.sharded_weights}
+        shards = {id(w.param) for w in self.sharded_weights}
         replicated = [p for p in module.parameters() if id(p) not in shards]
         if not options.sync_module_states and replicated:
             # Each rank keeps its slice of its own values, which makes one model; replicated

@@ -17,6 +17,11 @@ tensors (``state_dict_type="full"``): saving gathers every sharded parameter and
 state on all ranks and rank 0 writes them; loading cuts each rank's slice back out, so a
 checkpoint loads at any world size, into this strategy or a plain model.
 
+Every option is checked when the strategy is built, before any rank starts, with a one-line
+error naming the value. From a LightningCLI YAML, ``auto_wrap_policy`` is a list of class paths
+(``[torch.nn.TransformerEncoderLayer]``) and the dtypes are names (``bfloat16``): both are turned
+into what they name here.
+
 Usage::
 
     trainer = Trainer(strategy=CS336FSDPStrategy(auto_wrap_policy={Block}), accelerator="cpu", devices=2)
@@ -25,6 +30,7 @@ Usage::
 
 from __future__ import annotations
 
+import importlib
 from datetime import timedelta
 from typing import Any, Callable, Literal, Optional
 
@@ -36,9 +42,36 @@ from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from cs336_systems.fsdp import FullyShardedDataParallel
+from cs336_systems.fsdp import FsdpOptions, FullyShardedDataParallel
 from cs336_systems.fsdp.checkpoint import enable_optimizer_checkpoints
+from cs336_systems.fsdp.composable import unit_selector
+from cs336_systems.fsdp.options import COMPUTE_DTYPES
 from cs336_systems.lightning.strategy import CS336DDPStrategy
+
+
+def _unit_classes(policy: Any) -> Any:
+    """``auto_wrap_policy`` with class paths (a YAML config's strings) imported; else as given."""
+    if policy is None or callable(policy) or isinstance(policy, str) or not hasattr(policy, "__iter__"):
+        return [policy] if isinstance(policy, str) else policy
+    return {_import_class(c) if isinstance(c, str) else c for c in policy}
+
+
+def _import_class(path: str) -> type:
+    module_name, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ValueError(f"auto_wrap_policy names {path!r}, which does not import: {e}") from e
+
+
+def _dtype(name: str, value: Any) -> torch.dtype | None:
+    """A dtype, or its name as a YAML config writes it (``bfloat16``, ``torch.bfloat16``)."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    found = getattr(torch, str(value).removeprefix("torch."), None)
+    if not isinstance(found, torch.dtype):
+        raise ValueError(f"{name} must be a torch dtype or its name (e.g. bfloat16), got {value!r}")
+    return found
 
 
 def _whole(value: Any) -> Any:
@@ -59,9 +92,9 @@ class CS336FSDPStrategy(CS336DDPStrategy):
 
     def __init__(
         self,
-        auto_wrap_policy: Optional[set | Callable[[nn.Module], bool]] = None,
-        compute_dtype: Optional[torch.dtype] = None,
-        reduce_dtype: Optional[torch.dtype] = None,
+        auto_wrap_policy: Optional[set | list | Callable[[nn.Module], bool]] = None,
+        compute_dtype: Optional[torch.dtype | str] = None,
+        reduce_dtype: Optional[torch.dtype | str] = None,
         activation_checkpointing: bool = False,
         reshard_after_forward: bool = True,
         accelerator: Optional[Any] = None,
@@ -73,6 +106,13 @@ class CS336FSDPStrategy(CS336DDPStrategy):
         timeout: Optional[timedelta] = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
     ) -> None:
+        auto_wrap_policy = _unit_classes(auto_wrap_policy)
+        unit_selector(auto_wrap_policy)  # TypeError naming the value unless classes or a predicate
+        compute_dtype, reduce_dtype = _dtype("compute_dtype", compute_dtype), _dtype("reduce_dtype", reduce_dtype)
+        if compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"compute_dtype must be one of {COMPUTE_DTYPES}, got {compute_dtype!r}")
+        FsdpOptions(reshard_after_forward=reshard_after_forward, reduce_dtype=reduce_dtype,
+                    activation_checkpointing=activation_checkpointing).validate(exact_gradients=False)
         DDPStrategy.__init__(
             self, accelerator=accelerator, parallel_devices=parallel_devices,
             cluster_environment=cluster_environment, checkpoint_io=checkpoint_io,

@@ -5,10 +5,10 @@ sampler, checkpoints, precision plugins, ``sync_batchnorm``. What differs, and w
 
 * ``_setup_model`` wraps the LightningModule in our variant (options.py maps DDP's options);
   with one process there is nothing to synchronise, so the module is left unwrapped.
-* ``post_backward`` calls the wrapper's ``finish_gradient_synchronization()``: torch's DDP
-  finishes its reduction inside ``backward()``, ours need this call between backward and the
-  optimizer step (and precision plugins unscale and clip only after the closure returns, so
-  they see the averaged gradients). Then, unless ``find_unused_parameters=True``, a trainable
+* ``post_backward``: our wrappers, like torch's DDP, finish their reduction inside
+  ``backward()`` (precision plugins unscale and clip only after the closure returns, so they
+  see the averaged gradients); the wrapper's ``finish_gradient_synchronization()`` is called
+  anyway and finds nothing left to do. Then, unless ``find_unused_parameters=True``, a trainable
   parameter that no rank used is refused with ``DDPStrategy``'s advice, as torch's DDP stops
   such a run (ours could train on; a parameter the loss never reaches is usually a bug). It
   reads only ``.grad is None`` after the reduction, the same on every rank, so every rank

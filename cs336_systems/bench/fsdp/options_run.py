@@ -112,13 +112,13 @@ def predict(side: OptionSide, state_copies: int = 2) -> tuple[dict[str, float], 
     shard_numel = 0
     for weight in fsdp.sharded_weights:
         padded = weight.layout.padded_numel
-        gathers = 1 if not spec.reshard_after_forward or id(weight.shard) in embeddings else 2
+        gathers = 1 if not spec.reshard_after_forward or id(weight.param) in embeddings else 2
         payload[ALL_GATHER] += micro_batches * gathers * padded * compute
         payload[REDUCE_SCATTER] += padded * reduce
         if spec.hybrid:
             payload[ALL_REDUCE] += weight.layout.shard_numel * reduce
         shard_numel += weight.layout.shard_numel
-    shards = {id(w.shard) for w in fsdp.sharded_weights}
+    shards = {id(w.param) for w in fsdp.sharded_weights}
     replicated = sum(p.numel() for p in side.module.parameters() if id(p) not in shards)
     payload[ALL_REDUCE] += replicated * reduce
     return payload, (2 + state_copies) * 4 * (shard_numel + replicated)

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,16 +57,44 @@ class ProfileRun:
         return {k: v for k, v in found.items() if v is not None}
 
 
+class _BackwardThenFinish:
+    """The "backward" range, switched to "finish_gradient_synchronization" when backward's own
+    computation ends. The wrappers reduce inside ``backward()``, after its last node
+    (ddp/base.py); that wait is the finish phase, as when the call came after backward. The
+    loss's gradient hook queues the switch first, so it runs before the wrappers' reduction
+    (autograd runs end-of-backward callbacks in order). A range ends on the thread that began it:
+    where autograd runs the callback on another thread (a GPU's), the switch waits until
+    ``backward()`` returns."""
+
+    def __init__(self, loss: torch.Tensor):
+        self.thread = threading.get_ident()
+        self.current = record_function("backward")
+        loss.register_hook(lambda grad: torch.autograd.Variable._execution_engine.queue_callback(self.switch))
+
+    def __enter__(self) -> _BackwardThenFinish:
+        self.current.__enter__()
+        return self
+
+    def switch(self) -> None:
+        if threading.get_ident() == self.thread and self.current.name == "backward":
+            self.current.__exit__(None, None, None)
+            self.current = record_function("finish_gradient_synchronization")
+            self.current.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        self.current.__exit__(*exc)
+
+
 def _train_step(wrapper: DataParallel, optimizer: torch.optim.Optimizer, work: Workload, device: torch.device) -> None:
     with record_function(STEP_RANGE):
         optimizer.zero_grad(set_to_none=True)
         with record_function("forward"):
             logits = wrapper(work.tokens)
             loss = F.cross_entropy(logits.flatten(0, 1), work.targets.flatten())
-        with record_function("backward"):
+        with _BackwardThenFinish(loss) as phase:
             loss.backward()
-        with record_function("finish_gradient_synchronization"):
-            wrapper.finish_gradient_synchronization()
+            phase.switch()  # if autograd ran the callback on another thread
+            wrapper.finish_gradient_synchronization()  # nothing left to do: kept for any wrapper
         with record_function("optimizer_step"):
             optimizer.step()
         # Keeps each step's kernels inside its CPU range, so steps can be told apart.

@@ -8,9 +8,10 @@ only a few times over, our wrappers are instead built, warmed up and dropped wit
 round), and run interleaved round by round (round r: a few steps of each variant in turn, the
 order rotated by one variant each round so that no variant always follows the same one), so
 that drift of a noisy machine (thermal, other tenants) hits all alike. Each step starts after
-a barrier; its time is the slowest rank's. The time in gradient synchronisation is naive's and
-flat's all-reduce phase after backward, or the overlapped variants' wait in
-``finish_gradient_synchronization``; torch's DDP synchronises inside backward, so it has none.
+a barrier; its time is the slowest rank's. The time in gradient synchronisation runs from the
+end of backward's own computation (``BackwardClock``) to the end of ``backward()``: every wrapper,
+ours as torch's DDP, reduces there, naive's and flat's all-reduces and the overlapped variants'
+wait alike (with ``finish_gradient_synchronization``, a no-op since the wrappers sync in backward).
 
 Beside the timed steps (never inside them) the run measures what explains them (probes.py):
 flat's pack and unpack copies after each of its steps, and, once at the end, the error of each
@@ -43,7 +44,8 @@ from cs336_systems.bench.step.variants import (
     communication_dtype,
 )
 from cs336_systems.bench.workload import Workload, build_workload
-from cs336_systems.comm.timing import slowest_rank, small_tensor_device, sync_compute_stream, sync_device
+from cs336_systems.comm.timing import (BackwardClock, slowest_rank, small_tensor_device, sync_compute_stream,
+                                      sync_device)
 from cs336_systems.ddp import AutoBucketedDDP, BucketedDDP
 from cs336_systems.launch import RankContext, run_setting
 
@@ -109,14 +111,15 @@ def timed_step(variant: StepVariant, optimizer: torch.optim.Optimizer, work: Wor
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     logits = variant.model(work.tokens)
-    F.cross_entropy(logits.flatten(0, 1), work.targets.flatten()).backward()
-    # The compute stream only: what is still being communicated when backward ends stays outstanding.
-    sync_compute_stream(device)
-    backward_done = time.perf_counter()
+    loss = F.cross_entropy(logits.flatten(0, 1), work.targets.flatten())
+    clock = BackwardClock(device)  # the compute stream only: communication in flight stays outstanding
+    clock.watch(loss)
+    loss.backward()
     if variant.finish is not None:
         variant.finish()
-        sync_compute_stream(device)
+    sync_compute_stream(device)
     sync_done = time.perf_counter()
+    backward_done = clock.compute_end if clock.compute_end is not None else sync_done
     optimizer.step()
     sync_device(device)
     return time.perf_counter() - start, sync_done - backward_done

@@ -1,0 +1,132 @@
+"""A practitioner's training script, as one writes it for torch's FSDP2 and DDP, run unchanged on
+ours and on torch's, each beside one process on the global batch (tests/test_practitioner.py).
+
+The script does what such scripts do with the parameters after sharding or wrapping: weight-decay
+groups by ``p.dim() >= 2`` (nanoGPT's ``configure_optimizers``), a parameter count by
+``p.numel()``, ``torch.nn.utils.clip_grad_norm_`` before the step, torch's ``fully_shard``
+keywords (``mesh``, ``mp_policy``, ``reshard_after_forward``, ``offload_policy``), and no call
+between ``backward()`` and ``optimizer.step()``. Only the import differs between the sides.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cs336_systems.ddp import AutoBucketedDDP, BucketedDDP, FlatDDP, NaiveDDP, PerParameterDDP
+from cs336_systems.launch import RankContext
+
+BATCH = 8  # rows per step, split evenly over 2 ranks
+STEPS = 3
+MAX_NORM = 0.05  # well below the gradient norms (about 0.5): every step is clipped
+# Our wrappers by name; bucketed with a cap of about 200 bytes, so that its 12 gradients fill
+# several buckets (the default 25 MB would make one).
+DDP_WRAPPERS = {"naive": NaiveDDP, "flat": FlatDDP, "per-parameter": PerParameterDDP,
+                "bucketed": lambda m: BucketedDDP(m, 0.0002), "auto": AutoBucketedDDP}
+DDP_SIDES = (*DDP_WRAPPERS, "torch")
+FSDP_SIDES = ("ours", "torch")
+
+
+class Block(nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(self.norm(x)))
+
+
+class Net(nn.Module):
+    """2-D weights and 1-D biases and norm gains, with 5 rows in the head: uneven over 2 ranks."""
+
+    def __init__(self, width: int = 6):
+        super().__init__()
+        self.inp = nn.Linear(4, width)
+        self.blocks = nn.ModuleList(Block(width) for _ in range(2))
+        self.head = nn.Linear(width, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.inp(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return torch.randn(BATCH, 4, generator=g), torch.randn(BATCH, 5, generator=g)
+
+
+def train(model: nn.Module, rows: slice, whole: Callable[[torch.Tensor], torch.Tensor]) -> dict:
+    """The script: decay groups by shape, clipping, SGD; what it saw and the weights per step.
+    ``whole`` turns a parameter into its full value (a DTensor's ``full_tensor``) to record it."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.SGD([{"params": decay, "weight_decay": 0.1},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=0.5, momentum=0.9)
+    seen = {"decayed": len(decay), "numel": sum(p.numel() for p in model.parameters()), "norms": [], "history": []}
+    for step in range(STEPS):
+        x, y = batch(step)
+        F.mse_loss(model(x[rows]), y[rows]).backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        optimizer.step()
+        optimizer.zero_grad()
+        seen["norms"].append(float(whole(norm)))
+        seen["history"].append({n.removeprefix("module."): whole(p).detach().clone()
+                                for n, p in model.named_parameters()})
+    return seen
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def train_one_process() -> dict:
+    torch.manual_seed(0)
+    return train(Net(), slice(None), _whole)
+
+
+def _fsdp_side(ctx: RankContext, side: str) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
+
+    if side == "ours":
+        from cs336_systems.fsdp import fully_shard
+    else:
+        from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = Net()
+    mesh = init_device_mesh("cpu", (ctx.world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=True, offload_policy=OffloadPolicy())
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return train(model, _rows(ctx), _whole)
+
+
+def _ddp_side(ctx: RankContext, side: str) -> dict:
+    torch.manual_seed(0)
+    module = Net()
+    if side == "torch":
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(module)
+    else:
+        model = DDP_WRAPPERS[side](module)
+    return train(model, _rows(ctx), _whole)
+
+
+def _rows(ctx: RankContext) -> slice:
+    shard = BATCH // ctx.world_size
+    return slice(ctx.rank * shard, (ctx.rank + 1) * shard)
+
+
+def run_practitioner_sides(ctx: RankContext) -> dict[str, dict]:
+    """Rank function: the script on every FSDP and DDP side, one after another."""
+    results = {f"fsdp-{side}": _fsdp_side(ctx, side) for side in FSDP_SIDES}
+    results.update({f"ddp-{side}": _ddp_side(ctx, side) for side in DDP_SIDES})
+    return results
