@@ -107,7 +107,7 @@ def test_one_bug_per_problem_loses_exactly_its_share(tmp_path):
     assert [points(graded, p) for p in (PER_PARAMETER, ZERO, FSDP)] == [round(5 / 3, 4), 11.0, round(15 - lost_fsdp, 4)], \
         unpassed(graded)
     assert failed(graded, PER_PARAMETER) == ["test_communicates_during_backward[get_ddp]"]
-    assert "blocked it (async_op=False, or waited on before backward returned" in failures(graded, PER_PARAMETER)[0]
+    assert "blocked it (async_op=False, or waited on while layers still computed" in failures(graded, PER_PARAMETER)[0]
     assert failed(graded, ZERO) == ["test_add_param_group[2-adamw]", "test_add_param_group[3-sgd]",
                                     "test_parameter_groups[2-sgd]", "test_parameter_groups[3-adamw]"]
     added = [t.output for t in graded.tests if "test_add_param_group" in t.name]

@@ -37,7 +37,10 @@ class Call:
     during_backward: bool  # issued before the probe's backward: layers below it still had work
     nbytes: int  # the payload: the largest tensor argument (a list of tensors counts whole)
     is_async: bool = False  # async_op=True: it returned a work handle
-    waited_in_backward: bool = False  # its handle was waited on before loss.backward() returned
+    # its handle was waited on while layers still had gradients to compute (before the probe's
+    # backward): a wait at the very end of backward, as torch's DDP makes in its final callback,
+    # comes after every later layer's work and is not one
+    waited_in_backward: bool = False
 
     @property
     def reduction(self) -> bool:
@@ -45,7 +48,8 @@ class Call:
 
     @property
     def overlapping(self) -> bool:
-        """Left to run while backward went on: asynchronous and not waited inside backward."""
+        """Left to run while backward went on: asynchronous, and not waited on before the layers
+        below the probe had their turn."""
         return self.is_async and not self.waited_in_backward
 
 
@@ -77,13 +81,14 @@ def payload_bytes(args: tuple, kwargs: dict) -> int:
 
 
 class TrackedWork:
-    """A collective's work handle, passed through, that notes a wait while backward still runs."""
+    """A collective's work handle, passed through, that notes a wait while backward still had
+    layers to compute (before the probe's backward)."""
 
     def __init__(self, work, call: Call):
         self._work, self._call = work, call
 
     def wait(self, *args, **kwargs):
-        if LOG.backward_running:
+        if LOG.in_backward:
             self._call.waited_in_backward = True
         return self._work.wait(*args, **kwargs)
 

@@ -254,8 +254,10 @@ def run_ddp(ranks, world_size: int, case: DDPCase) -> Run:
 def overlap_finding(reports: list[dict], model: str, problem: str) -> str:
     """Whether the gradients overlapped backward: per rank and step, the all-reduces issued before
     the probe's backward (the layers below it still computing) must carry at least half the bytes
-    of the gradients ready by then, asynchronously (``async_op=True``, waited on only after
-    backward). "" when they did; else what was seen, ending with ``named_for(problem)``."""
+    of the gradients ready by then, asynchronously (``async_op=True``, waited on only once the
+    layers below the probe have had their turn: after backward, or at its very end, as torch's DDP
+    waits in its final callback). "" when they did; else what was seen, ending with
+    ``named_for(problem)``."""
     missed = f"; gradients do not overlap backward {named_for(problem)}"
     ready = models.above_probe_bytes(models.build(model))
     for rank, report in enumerate(reports):
@@ -273,8 +275,9 @@ def overlap_finding(reports: list[dict], model: str, problem: str) -> str:
             if left_running < ready / 2:
                 blocking = sum(not c[2] for c in during)
                 return (f"{where}: {blocking} of the {len(during)} all-reduces issued while backward ran blocked it "
-                        f"(async_op=False, or waited on before backward returned; {left_running} of {carried} bytes "
-                        f"left running): each must be started with async_op=True and waited on after backward{missed}")
+                        f"(async_op=False, or waited on while layers still computed; {left_running} of {carried} bytes "
+                        f"left running): each must be started with async_op=True and waited on once backward's "
+                        f"computation is done{missed}")
     return ""
 
 
