@@ -27,7 +27,7 @@ import pytest
 from grading.course.autograder import ROOT, build
 from grading.course.course import grade_folder
 from grading.harness import grade
-from tests.test_grading import FULL_MATRIX, QUICK, ZERO, assert_gradescope_schema, make_submission
+from tests.test_grading import QUICK, ZERO, assert_gradescope_schema, make_submission
 
 pytestmark = pytest.mark.problem("beyond")
 
@@ -137,7 +137,6 @@ def _rows(path: Path) -> list[dict]:
     return list(csv.DictReader(path.open()))
 
 
-@FULL_MATRIX
 def test_folder_through_submitit_gives_the_in_process_grades_and_a_summary(tmp_path):
     folder = _folder(tmp_path)
     common = dict(repeats=1, edition="2025", limits=QUICK, jobs=2, only=(ZERO,), select="test_sgd_with_momentum",
@@ -162,7 +161,6 @@ def test_folder_through_submitit_gives_the_in_process_grades_and_a_summary(tmp_p
     assert (outs["local"] / "summary.png").stat().st_size > 1000
 
 
-@FULL_MATRIX
 def test_a_rerun_skips_what_was_graded_unless_regrade(tmp_path):
     folder = tmp_path / "inbox"
     folder.mkdir()
@@ -178,7 +176,6 @@ def test_a_rerun_skips_what_was_graded_unless_regrade(tmp_path):
     assert record.stat().st_mtime_ns != stamp
 
 
-@FULL_MATRIX
 def test_slurm_submits_one_array_on_the_partition(tmp_path, monkeypatch):
     """The SLURM path, on submitit's local executor: one job array (at most JOBS running) on the
     partition asked for, every result gathered."""

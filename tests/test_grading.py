@@ -32,11 +32,6 @@ from tests.answers_fixture import apply_mutant, build_answers_submission
 
 pytestmark = pytest.mark.problem("beyond")
 
-# The whole grading matrix runs with FORGERIES=all; make test (10 minutes on 2 cores) runs one
-# grading per mechanism, and these, which another test of make test covers in part, only then.
-FULL_MATRIX = pytest.mark.skipif(os.environ.get("FORGERIES") != "all",
-                                 reason="the full grading matrix: FORGERIES=all runs it")
-
 PER_PARAMETER, BUCKETED = "ddp_overlap_individual_parameters", "ddp_overlap_bucketed"
 ZERO, FSDP = "optimizer_state_sharding", "fsdp"
 QUICK = Limits(test_timeout_s=60, submission_timeout_s=600)
@@ -129,7 +124,6 @@ def test_wrong_submission_loses_what_it_breaks(tmp_path, mutant, broken, kept, s
         assert points(graded, problem) == POINTS[problem][0], failures(graded, problem)
 
 
-@FULL_MATRIX
 def test_partial_credit_is_per_test(tmp_path):
     """Only the overlap test catches a DDP that communicates after backward: 4 of the 5 graded
     tests pass (the unused-layer test is beyond the handout and worth nothing either way), and
@@ -155,7 +149,6 @@ def test_a_bug_at_world_size_three_caps_the_problem(tmp_path):
                and "(tolerance" in line for line in failures(graded, ZERO)), failures(graded, ZERO)
 
 
-@FULL_MATRIX
 def test_sharding_checks_fail_what_skips_them(tmp_path):
     """Each sharding check fails the mutant of the answers that skips what it checks, saying why: an
     optimizer partition written for 2 ranks (rank 2 keeps no state at 3 ranks: only the check of
@@ -175,7 +168,6 @@ def test_sharding_checks_fail_what_skips_them(tmp_path):
     assert points(graded, ZERO) == 5.0 and points(graded, FSDP) <= 5.0  # at most the cap (FSDP earns less anyway)
 
 
-@FULL_MATRIX
 def test_equivalent_fsdp_variant_passes_the_memory_checks(tmp_path):
     """Flat shards with 100 elements of padding each (the answers free the gathered weights after
     forward and gather them again in backward already): every measured check passes, the
@@ -202,7 +194,6 @@ def test_fsdp_keeping_gathered_weights_loses_their_share(tmp_path):
     assert points(graded, FSDP) == pytest.approx(15 * (1 - chosen[2] / sum(chosen)), abs=2e-4)
 
 
-@FULL_MATRIX
 def test_checks_beyond_the_handout_cost_nothing(tmp_path):
     """The answers' FSDP refuses dimensions that do not divide the world size, with a clear error,
     and gets every point: uneven shards are beyond the handout, reported in grade.md for 0."""

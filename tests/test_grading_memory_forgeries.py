@@ -27,7 +27,7 @@ import pytest
 from grading.isolation import share
 from grading.harness import grade
 from grading.problems import named_for
-from tests.test_grading import FULL_MATRIX, FSDP, QUICK, ZERO, failures, points
+from tests.test_grading import FSDP, QUICK, ZERO, failures, points
 from tests.test_grading_probe_forgeries import forged
 
 pytestmark = pytest.mark.problem("beyond")
@@ -225,7 +225,6 @@ def memory_cgroups():
         made.remove()
 
 
-@FULL_MATRIX
 def test_state_moved_out_between_steps_is_not_sharded(tmp_path, memory_cgroups):
     tree = forged(tmp_path, files={"cs336_systems/sharded_optimizer.py": STATE_MOVED_OUT})
     graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(ZERO,),

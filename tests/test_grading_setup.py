@@ -23,7 +23,7 @@ import pytest
 from grading.isolation import containment
 from grading.harness import GRADER_DIR, Limits, grade
 from grading.selfcheck import SetupError
-from tests.test_grading import FULL_MATRIX, make_submission
+from tests.test_grading import make_submission
 
 pytestmark = pytest.mark.problem("beyond")
 
@@ -62,7 +62,6 @@ def test_python_folders_follow_pythonpath_and_links(tmp_path, monkeypatch):
     assert not any(f == str(REPO) or f.startswith(str(course)) for f in folders)
 
 
-@FULL_MATRIX
 def test_a_checkout_whose_venv_links_elsewhere_grades_fully(tmp_path):
     """A copy of the grader whose ``.venv`` is a link to this environment (a second checkout
     sharing the first one's packages): the probe passes, and the answers get that test's points."""

@@ -26,7 +26,7 @@ import pytest
 from grading.readings import carried
 from grading.isolation import student
 from grading.harness import NOT_CHECKED, grade, namespaces_available
-from tests.test_grading import FULL_MATRIX, BUCKETED, FSDP, PER_PARAMETER, QUICK, failures, make_submission
+from tests.test_grading import BUCKETED, FSDP, PER_PARAMETER, QUICK, failures, make_submission
 
 pytestmark = pytest.mark.problem("beyond")
 
@@ -92,7 +92,6 @@ def test_a_rank_woken_while_held_gains_nothing(tmp_path):
     assert next(r.points for r in graded.rows if r.problem == FSDP) == pytest.approx(kept)
 
 
-@FULL_MATRIX
 def test_without_namespaces_the_traffic_is_not_checked(tmp_path):
     """As Gradescope's containers grade (root, no namespaces: tests/fallback_grade.py): the test is
     not collected, the other tests share its points, and grade.md says what was not checked."""

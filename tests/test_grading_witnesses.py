@@ -20,7 +20,7 @@ from grading.readings import review
 from grading.isolation import scrub
 from grading.harness import grade
 from tests.answers_fixture import BUCKETED_FILE, PER_PARAMETER_FILE
-from tests.test_grading import FULL_MATRIX, BUCKETED, PER_PARAMETER, QUICK, ZERO, failures, points
+from tests.test_grading import BUCKETED, PER_PARAMETER, QUICK, ZERO, failures, points
 from tests.test_grading_probe_forgeries import forged
 
 pytestmark = pytest.mark.problem("beyond")
@@ -59,7 +59,6 @@ def _park():
 '''
 
 
-@FULL_MATRIX
 def test_averaging_through_files_in_home_fails(tmp_path):
     tree = forged(tmp_path, ZEROS_THEN_FILES)
     graded = grade(tree, tmp_path / "out", 1, "2025", QUICK, quiet=True, only=(PER_PARAMETER,),
