@@ -141,6 +141,8 @@ def test_finding_names_the_phase_its_bytes_and_limits():
     # a public student's FSDP prefetches two of backward's gathers during forward, in bfloat16:
     # its forward carries 1.5 gathers in bfloat16, its step what a right one does
     assert finding(750, 1250, "bfloat16") == ""
+    # gathered in float32 in forward and never again (backward only reduces): caught by forward alone
+    assert "not cast to bfloat16 before" in finding(1000, 1000, "bfloat16")
     assert "not all-gathered" in finding(0, 2000)
     assert "did not leave the rank" in finding(1000, 100)
     calibration.update(reduce_scatter=2.0)  # gloo's: as much as an all-reduce

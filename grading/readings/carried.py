@@ -153,9 +153,12 @@ def fsdp_finding(reports: list[dict], calibration: dict[str, float], weights: in
                     "weights were not all-gathered through the process group")
         # A forward over 3/4 of the float32 gather gathers in float32, or prefetches backward's
         # first gathers (in the compute dtype: a public student's FSDP prefetches two layers
-        # ahead); forward and backward together tell them apart: two gathers in float32 and a
-        # reduction, or two in the compute dtype and a reduction, held halfway.
-        if d < 1 and forward > 0.75 * gather and forward + backward > (1 + d) * gather + scatter:
+        # ahead); forward and backward together tell them apart (two gathers in float32 and a
+        # reduction, or two in the compute dtype and a reduction, held halfway), unless backward
+        # gathers nothing: a forward of 9/10 of the float32 gather or more is read as float32
+        # (a bfloat16 forward reaches it only by prefetching 4/5 of backward's gathers).
+        if d < 1 and (forward > 0.9 * gather
+                      or (forward > 0.75 * gather and forward + backward > (1 + d) * gather + scatter)):
             return (f"{where}: the forward carried {mb(forward)} over the ranks' loopback, and forward and backward "
                     f"{mb(forward + backward)}, where all-gathering the Linear and Embedding weights in {dtype} "
                     f"carries {mb(gather * d)} and in float32 {mb(gather)} (twice a step, with the gradients' reduction "
