@@ -38,7 +38,7 @@ ZEROS_THEN_FILES = [
      "        dist.barrier()\n"
      "        for other in range(self.world_size):\n"
      "            if other != rank:\n"
-     "                for mine, theirs in zip(grads, torch.load(f'{home}/g{self.step_count}-{other}.pt')):\n"
+     "                for mine, theirs in zip(grads, torch.load(f'{home}/g{self.step_count}-{other}.pt', weights_only=True)):\n"
      "                    mine.add_(theirs)\n"),
 ]
 

@@ -112,11 +112,10 @@ def imported(reports: list[dict]) -> str:
 def inside_state(reports: list[dict], full_state: int, side: str) -> str | None:
     """What the ranks' own tensors (the optimizer's state, counted inside) say of the state's
     sharding, from ``side`` as state_finding."""
-    ws = len(reports)
     counts = [r.get("inside") for r in reports]
     if not all(isinstance(c, int) for c in counts):
         return None
-    high, low = full_state * (1 / ws + STATE_OVER), full_state / ws * STATE_FLOOR
+    high, low = state_bounds(full_state, len(reports))
     for rank, count in enumerate(counts):
         if side == "over" and count > high:
             return f"rank {rank}'s optimizer reaches {mb(count)} of state, over {mb(high)}"
@@ -232,6 +231,12 @@ STATE_OVER = 0.25
 STATE_FLOOR = 1 / 3
 
 
+def state_bounds(full_state: int, ws: int) -> tuple[float, float]:
+    """The most and the least optimizer state one of ``ws`` ranks may keep (``STATE_OVER``,
+    ``STATE_FLOOR``): the one rule for the reading from outside and the ranks' own tensors."""
+    return full_state * (1 / ws + STATE_OVER), full_state / ws * STATE_FLOOR
+
+
 def state_finding(reports: list[dict], full_state: int, model_bytes: int, problem: str, side: str,
                   calibration: list[dict] | None = None) -> str:
     """Every rank keeps about 1/world size of the optimizer state, from one ``side``: "over", at
@@ -242,7 +247,7 @@ def state_finding(reports: list[dict], full_state: int, model_bytes: int, proble
     dropped before each pause) is its state. "" or the first rank's finding, ending with
     ``named_for(problem)``."""
     ws = len(reports)
-    high, low = full_state * (1 / ws + STATE_OVER), full_state / ws * STATE_FLOOR
+    high, low = state_bounds(full_state, ws)
     baseline = f"the model's {mb(model_bytes)}"
     if calibration:
         model_bytes = grader_keeps(calibration, "after step")
