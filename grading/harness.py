@@ -28,7 +28,6 @@ Gradescope runs one container per submission; its ``run_autograder`` (autograder
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import subprocess
@@ -39,10 +38,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from grading.intake import intake
+from grading.intake import intake, packages
 from grading.reports import report
-from grading.readings import review
-from grading.isolation import sandbox
+from grading.isolation import sandbox, scrub
 from grading import selfcheck
 from grading.isolation.containment import Containment, ContainmentError, limit, namespaces_available, package_paths
 from grading.reports.outcomes import SLOW_FRACTION, Outcomes
@@ -116,6 +114,10 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
         found = intake.run(submission, scratch / "submission", edition, limits.memory_gb, deadline)
         course_edition, edition = edition, edition or found.detected
         missing = list(found.remarks)
+        layer, unavailable = scratch / "packages" / "site-packages", {}
+        if found.to_install and not found.problem:
+            installed, unavailable = packages.install(found.to_install, layer)
+            missing += packages.remarks(installed, unavailable)
         if flag := edition_flag(course_edition, found.answers):
             missing.insert(0, flag)
         if found.problem:
@@ -125,7 +127,8 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
         if not notes:
             try:
                 entries, not_run = _run_suite(scratch, [Path(r) for r in found.roots], edition, repeats, limits,
-                                              containment, submission, out, only, select, deadline, found.reaches)
+                                              containment, submission, out, only, select, deadline,
+                                              layer if layer.is_dir() else None, found.preload)
             except ContainmentError as e:
                 notes = dict.fromkeys(GRADED[edition], f"not graded: {e}")
             failed_to_start = [e for e in entries if str(e.get("reason", "")).startswith(GRADER_FAILURE)]
@@ -135,11 +138,15 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
         if not containment.namespaces and set(problems) & {"fsdp", "ddp_overlap_individual_parameters",
                                                            "ddp_overlap_bucketed"}:
             missing.append(NOT_CHECKED)
+        for entry in entries:
+            if unavailable and "reason" in entry and not entry.get("passed"):
+                entry["reason"] = packages.hold_unavailable(str(entry["reason"]), list(unavailable))
         tests = report.grade_tests(entries, problems, notes, not_run)
         rows = report.problem_grades(tests, problems, hand_graded(edition))
         seconds = time.monotonic() - start
         regraded = f"; only {', '.join(only)}" if only else ""
-        header = (f"Edition {edition}; grader commit {grader_commit()}{regraded}; "
+        header = (f"{containment.guarantees(containment.namespaces or sandbox.user_namespaces())}\n\n"
+                  f"Edition {edition}; grader commit {grader_commit()}{regraded}; "
                   f"{repeats} run(s) per test, a test scores only if all pass; "
                   f"isolation: {containment.describe()}; graded in {seconds:.0f} s.")
         # every process of the run is gone by now: nothing can rewrite what is written here
@@ -155,7 +162,7 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
     finally:
         containment.release()
         if not keep_scratch:
-            shutil.rmtree(scratch, ignore_errors=True)
+            scrub.remove_tree(str(scratch))
         os.close(held)
 
 
@@ -197,7 +204,7 @@ def scratch_folder() -> tuple[Path, int]:
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            shutil.rmtree(entry.path, ignore_errors=True)  # by descriptor: a link inside is not followed
+            scrub.remove_tree(entry.path)  # no link followed, any depth, never raises
         except BlockingIOError:
             pass  # a grading in progress
         finally:
@@ -210,14 +217,17 @@ def scratch_folder() -> tuple[Path, int]:
 
 def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, limits: Limits,
                containment: Containment, submission: Path, out: Path, only: tuple[str, ...] | None,
-               select: str | None, deadline: float, reaches: list[str] = ()) -> tuple[list[dict], str]:
+               select: str | None, deadline: float, layer: Path | None = None,
+               preload: list[str] = ()) -> tuple[list[dict], str]:
     """Run the suite on the submission in a contained process; the outcomes its plugin sent.
 
     pytest imports only the grader's copy (its path is that copy and site-packages: never the
     submission's folders, never this repository); the submission's folders reach the ranks as
     a variable, and they put them last on their own path. pytest's temporary folder (the fork
     server's socket) is the grader's alone; the ranks get the submission's home. Returns only
-    once every process of the run is gone."""
+    once every process of the run is gone. ``layer``: the packages installed for this submission
+    (packages.py), read-only to the ranks, on their path after the submission's folders;
+    ``preload``: the libraries the fork server imports for them (grading/isolation/preload.py)."""
     grader, private, home = scratch / "grader", scratch / "private", scratch / "home"
     shutil.copytree(GRADER_DIR, grader / "grading", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (grader / "pytest.ini").write_text("[pytest]\n")
@@ -232,20 +242,22 @@ def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, lim
     writable = [home] if read_only else [tree, home]
     view = containment.hand_over(scratch, writable, out, hidden=[scratch.parent, private, out.parent, out,
                                                                   submission.resolve().parent, GRADER_DIR.parent],
-                                 keep=[grader, tree], readable=[tree] if read_only else [])
-    packages = package_paths()  # where this Python's packages live beyond site-packages
+                                 keep=[grader, tree, *([layer] if layer else [])],
+                                 readable=[*([tree] if read_only else []), *([layer] if layer else [])])
+    installed = package_paths()  # where this Python's packages live beyond site-packages
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "TMPDIR": str(private),
         "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo",
-        "PYTHONPATH": os.pathsep.join([str(grader), *packages]), "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
-        "GRADING_PACKAGE_PATHS": os.pathsep.join(packages),
+        "PYTHONPATH": os.pathsep.join([str(grader), *installed]), "PYTHONNOUSERSITE": "1", "PYTHONSAFEPATH": "1",
+        "GRADING_PACKAGE_PATHS": os.pathsep.join(installed),
         "GRADING_TOKEN": containment.token, "GRADING_EDITION": edition,
         "GRADING_SUBMISSION_ROOTS": os.pathsep.join(map(str, roots)),
+        **({packages.LAYER_ENV: str(layer)} if layer else {}),
+        packages.PRELOAD_ENV: ",".join(preload),
         "GRADING_TEST_TIMEOUT": str(limits.test_timeout_s),
         "GRADING_HIDE": str(GRADER_DIR.parent),  # this repository, if installed: never the submission's
         "GRADING_WRITABLE": os.pathsep.join(map(str, writable)),
         "GRADING_RANK_SERVER": "1", "GRADING_RANK_TMPDIR": str(home / "tmp"), "GRADING_RANK_SHM": str(home / "shm"),
-        review.SOURCES_ENV: json.dumps(list(reaches)),
         **({"GRADING_TREE_READ_ONLY": "1"} if read_only else {}),
         **view, **containment.env(),
     }

@@ -316,7 +316,7 @@ def test_submission_never_imports_this_repository(tmp_path):
     graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(FSDP,), select="test_adamw")
     assert points(graded, FSDP) == 0
     assert all("No module named 'cs336_basics'" in line for line in failures(graded, FSDP)), failures(graded, FSDP)
-    top = (tmp_path / "out" / "grade.md").read_text().splitlines()[2]
+    top = (tmp_path / "out" / "grade.md").read_text().splitlines()[4]
     assert top.startswith("**Package cs336_basics is not in the submission; looked in cs336-basics/ (absent), the root")
 
 

@@ -6,7 +6,10 @@ the answers points they deserve: the course's own ``cs336_basics`` (its model im
 einops and jaxtyping: 25/35), an adapters file that imports a ``torch.compile``'d FlashAttention
 (15/35), one that imports a plotting module (matplotlib, numpy: 15/35), and ranks that print
 megabytes (the capture was charged to the rank; a 436 MB log in OUT). Here all four are in one
-submission, the worst case, graded on the problems whose checks read memory from outside.
+submission, the worst case, graded on the problems whose checks read memory from outside, with
+lines that held correct code while a text scan was a witness (issue 51): an unused memory-mapped
+``torch.load``, an unused ``ctypes`` helper, and a ``#`` inside a string on a line that names
+``ctypes``. A line that never runs holds nothing.
 """
 
 from __future__ import annotations
@@ -52,6 +55,22 @@ def plot(xs, ys, path):
     fig.savefig(path)
 '''
 
+UNUSED = '''"""Helpers kept for later, never called while the suite runs."""
+import ctypes
+
+import torch
+
+TAG = "#1"; KIND = ctypes.c_int  # a '#' in a string, then ctypes on the same line
+
+
+def load_checkpoint(path):
+    return torch.load(path, mmap=True, weights_only=True)
+
+
+def libc_version():
+    return ctypes.CDLL(None).gnu_get_libc_version()
+'''
+
 # 1 MiB to stdout and 1 MiB to stderr each time a rank builds a wrapper: 2 MiB per rank per test.
 TALK = '''
 import sys
@@ -67,18 +86,20 @@ def _talk():
 
 
 def ordinary(tmp_path: Path) -> Path:
-    """The answers with the course's model imports, a compiled and a plotting module imported by
-    the adapters, and a constructor that prints 2 MiB."""
+    """The answers with the course's model imports, a compiled, a plotting and an unused helpers'
+    module imported by the adapters, and a constructor that prints 2 MiB."""
     tree = make_submission(tmp_path)
     model = next((tree / "cs336-basics" / "cs336_basics").glob("model.py"))
     model.write_text(COURSE_IMPORTS + model.read_text())
     (tree / "cs336_systems" / "flash.py").write_text(COMPILED)
     (tree / "cs336_systems" / "plots.py").write_text(PLOTS)
+    (tree / "cs336_systems" / "unused.py").write_text(UNUSED)
     adapters = tree / "tests" / "adapters.py"
     text = adapters.read_text().replace(
         "from cs336_systems.answers import adapters as answers\n",
         "from cs336_systems.answers import adapters as answers\nfrom cs336_systems.flash import flash_forward  # noqa: F401\n"
-        "from cs336_systems.plots import plot  # noqa: F401\n" + TALK)
+        "from cs336_systems.plots import plot  # noqa: F401\nfrom cs336_systems.unused import load_checkpoint  # noqa: F401\n"
+        + TALK)
     for name in ("get_fsdp", "get_sharded_optimizer"):
         text = text.replace(f"def {name}(*args, **kwargs):\n", f"def {name}(*args, **kwargs):\n    _talk()\n")
     adapters.write_text(text)

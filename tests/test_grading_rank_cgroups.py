@@ -159,7 +159,60 @@ def test_a_rank_cgroup_is_read_alike_on_v1_and_v2(tmp_path, kind, files):
         (tmp_path / name).write_text(text)
     (tmp_path / "cgroup.procs").write_text(f"{os.getpid()}\n")
     reading = rank_cgroups.RankCgroups(kind, [tmp_path]).read(0)
-    anon = outside._status_kb(os.getpid())["RssAnon"] << 10
+    anon = rank_cgroups.memory_kb(os.getpid())["RssAnon"] << 10
     assert reading["source"] == kind and reading["processes"] == 1 and reading["peak"] == 60_000_000
     assert abs(reading["bytes"] - (anon + 6_000_000)) < 4 * MB, reading  # this process's RssAnon moves a little
     assert reading["charged"] == 50_000_000 and (reading["file"], reading["kernel"], reading["sock"]) == (3e6, 2e6, 1e6)
+
+
+def _allocates(ctx, job) -> dict:
+    """Rank side: 256 MB, touched."""
+    kept = bytearray(256 * MB)
+    for i in range(0, len(kept), 4096):
+        kept[i] = 1
+    return {"kept": len(kept)}
+
+
+def test_a_rank_over_its_memory_bound_fails_with_the_bound_named(monkeypatch):
+    """Each rank's cgroup has a memory limit (here lowered to 64 MB): a rank that allocates past it
+    is killed there, and the test's line names the bound, not only the signal."""
+    from grading.isolation import rank_cgroups, wire
+    from grading.isolation.ranks import RankFailure, run_ranks
+
+    if rank_cgroups.RankCgroups.make(1) is None:
+        pytest.skip("no memory cgroup can be made here: no per-rank limit")
+    monkeypatch.setattr(rank_cgroups, "RANK_MEMORY_BYTES", 64 * MB)
+    with pytest.raises(RankFailure, match="its memory cgroup reached the grader's bound"):
+        run_ranks(_allocates, 1, [wire.encode({})], timeout_s=60)
+
+
+def test_a_process_whose_main_thread_left_is_read_from_its_threads():
+    """A helper whose main thread called pthread_exit while a second thread keeps 32 MB shows no
+    memory lines in its own status file; they are read from its threads."""
+    import ctypes
+    import threading
+    import time
+
+    from grading.isolation import rank_cgroups
+
+    ready = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        def keep():
+            kept = bytearray(32 * MB)
+            for i in range(0, len(kept), 4096):
+                kept[i] = 1
+            os.write(ready[1], b"x")
+            time.sleep(60)
+
+        threading.Thread(target=keep, daemon=True).start()
+        ctypes.CDLL(None).pthread_exit(None)
+    try:
+        assert os.read(ready[0], 1) == b"x"
+        time.sleep(0.2)
+        with open(f"/proc/{pid}/status") as f:
+            assert "RssAnon" not in f.read()  # the kernel shows no memory lines for the leader
+        assert rank_cgroups.memory_kb(pid)["RssAnon"] << 10 >= 32 * MB
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)

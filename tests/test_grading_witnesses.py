@@ -14,6 +14,8 @@ readings a rank could make lie, each graded as its code deserves.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from grading.readings import review
@@ -104,3 +106,43 @@ def test_gradients_sent_in_chunks_smaller_than_a_bucket_keep_the_overlap_points(
                    select="test_communicates_during_backward or test_matches_single_process")
     assert points(graded, BUCKETED) == pytest.approx(sum(t.max_score for t in graded.tests if t.problem == BUCKETED)), \
         failures(graded, BUCKETED)
+
+
+STUDENT_FILE = '''import ctypes
+import mmap
+
+import numpy  # a library that loads C code at import: the library's, not the student's
+
+TAG = "#"; KIND = ctypes.c_int  # a '#' in a string hides nothing, and names nothing that runs
+
+
+def unused():
+    return ctypes.CDLL(None).getpid(), mmap.mmap(-1, 4096)
+
+
+def used():
+    exec("x = 1")
+    ctypes.CDLL(None).getpid()
+    return mmap.mmap(-1, 4096)
+'''
+
+
+def test_the_audit_hook_witnesses_what_runs_in_the_submissions_own_lines(tmp_path):
+    """In a fresh interpreter (a hook cannot be removed): lines that never run, a library's own C
+    calls at import and the import system's compiles say nothing; the submission's own exec, C
+    call and memory map, as they run, each say their line once."""
+    import subprocess
+    import sys
+
+    (tmp_path / "student.py").write_text(STUDENT_FILE)
+    script = ("import sys\nfrom grading.readings import review\nseen = []\n"
+              f"review.witness(seen.append, [{str(tmp_path)!r}])\nsys.path.append({str(tmp_path)!r})\n"
+              "import student\nprint(len(seen))\nstudent.used()\nstudent.used()\nprint(seen)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=Path(review.__file__).parents[2])
+    assert out.returncode == 0, out.stderr
+    at_import, lines = out.stdout.splitlines()
+    assert at_import == "0", out.stdout
+    assert eval(lines) == [{"witness": "student.py:14: compiles code from a string (exec/eval/compile)"},
+                           {"witness": "student.py:15: calls into C (ctypes): memory and pages the readings cannot attribute"},
+                           {"witness": "student.py:16: maps memory (mmap): state kept in a file's or a shared segment's pages"}]

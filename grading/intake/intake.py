@@ -39,7 +39,8 @@ class Intake:
     roots: list[str] = field(default_factory=list)
     remarks: list[str] = field(default_factory=list)  # grade.md's lines: packages missing, paths refused
     dropped: list[str] = field(default_factory=list)  # links and special files left out of the copy
-    reaches: list[str] = field(default_factory=list)  # source lines a hold for review names (review.scan)
+    to_install: list[str] = field(default_factory=list)  # declared packages this Python lacks (packages.py)
+    preload: list[str] = field(default_factory=list)  # libraries its files import: the fork server's (packages.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -51,10 +52,10 @@ class Intake:
 
 def inspect(submission: Path, tree: Path, edition: str | None) -> Intake:
     """Unpack ``submission`` into ``tree`` and read what grading it needs (in this process)."""
-    from grading.readings import review
-    from grading.intake.files import read_regular, unpack
+    from grading.intake.files import unpack
+    from grading.intake import packages
     from grading.intake.submission import (adapters_file, detect_edition, find_root, implemented_adapters,
-                                    missing_packages, python_roots, syntax_error)
+                                           missing_packages, project_folders, python_roots, syntax_error)
 
     try:
         dropped = unpack(submission, tree)
@@ -81,9 +82,8 @@ def inspect(submission: Path, tree: Path, edition: str | None) -> Intake:
     remarks: list[str] = []
     found.roots = [str(r) for r in python_roots(root, remarks)]
     found.remarks = remarks + missing_packages(root, adapters, edition or detected)
-    roots = [Path(r) for r in found.roots] or [root]
-    model = [r / "cs336_basics" / "model.py" for r in roots]
-    found.reaches = review.scan([adapters, *model], [root, *roots], read_regular)
+    found.to_install = packages.missing(root, project_folders(root))
+    found.preload = packages.libraries([Path(r) for r in found.roots] or [root])
     if dropped:
         shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
         found.remarks.append(f"Links and special files are not graded (left out of the copy): {shown}.")

@@ -63,7 +63,7 @@ def python_roots(root: Path, refused: list[str] | None = None) -> list[Path]:
     ``cs336-basics = { path = "./cs336_basics_mine" }``, and ``[tool.uv.workspace]`` members), then
     its root, then ``cs336-basics/`` (the public layout); each as itself or its ``src/``. Only
     folders inside the submission count; ``refused`` gets a line for each path refused."""
-    candidates = [*_project_folders(root, refused), root, root / "cs336-basics"]
+    candidates = [*project_folders(root, refused), root, root / "cs336-basics"]
     found: list[Path] = []
     inside = root.resolve()
     for folder in candidates:
@@ -77,7 +77,7 @@ def python_roots(root: Path, refused: list[str] | None = None) -> list[Path]:
     return found
 
 
-def _project_folders(root: Path, refused: list[str] | None = None) -> list[Path]:
+def project_folders(root: Path, refused: list[str] | None = None) -> list[Path]:
     """The folders pyproject.toml names: path sources, then workspace members (globs expanded,
     visiting at most MAX_VISITS folders). A path that is absolute or leaves the submission is
     refused, with a line in ``refused``."""
@@ -151,7 +151,7 @@ def missing_packages(root: Path, adapters: Path | None, edition: str) -> list[st
             needed |= {n.split(".")[0] for n in names if n.startswith("cs336_")}
     roots = python_roots(root)
     places: dict[str, str] = {}
-    for folder in [*_project_folders(root), root / "cs336-basics", root]:
+    for folder in [*project_folders(root), root / "cs336-basics", root]:
         label = "the root" if folder == root else f"{os.path.relpath(folder, root)}/"
         places.setdefault(label, label + ("" if folder.is_dir() else " (absent)"))
     lines = []

@@ -123,6 +123,18 @@ class Containment:
             parts.append("no loopback of their own: the bytes the ranks carry are not read")
         return ", ".join(parts)
 
+    def guarantees(self, private_storage: bool) -> str:
+        """grade.md's first line: which of the sealed rank's guarantees held on this grader
+        (grading/README.md, "What each mode guarantees")."""
+        held = [("storage", "each rank's storage a bounded tmpfs of its own, charged to its memory" if private_storage
+                 else "no storage of each rank's own: its files are on disk, and the files it writes are witnessed"),
+                ("memory", "each rank's memory read from its own memory cgroup, every process and task in it"
+                 if self.share.memory else "no memory cgroup: each rank's memory read from /proc, its processes only"),
+                ("traffic", "the bytes ranks carry read from their own loopback" if self.namespaces
+                 else "no loopback of their own: the bytes they carry are not read"),
+                ("witnesses", "what the submission's code does witnessed by audit hooks in every rank")]
+        return "Guarantees on this grader: " + "; ".join(text for _, text in held) + "."
+
     def command(self, argv: list[str]) -> list[str]:
         return [*_unshare(), *argv] if self.namespaces else argv
 

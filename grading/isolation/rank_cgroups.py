@@ -45,6 +45,7 @@ from pathlib import Path
 CGROUP = Path("/sys/fs/cgroup")
 ENV = "GRADING_MEMORY_CGROUP"  # set by the harness: "v2:<folder>" or "v1:<folder>", the run's memory cgroup
 V1_MEMORY = CGROUP / "memory"  # where a test run by hand looks for the v1 memory hierarchy
+RANK_MEMORY_BYTES = 2 << 30  # a rank and all it starts: far above a test's needs (tens of MB beyond torch)
 MOVE_WAIT_S = 30.0  # a rank waits this long for the grader to move it (a loaded machine)
 _made: dict[str, Path | None] = {}  # this process's own parent, when it made one (a test run by hand, v1)
 
@@ -117,12 +118,37 @@ def _stat(folder: Path) -> dict[str, int]:
     return found
 
 
+MEMORY_LINES = ("RssAnon", "RssShmem", "RssFile")
+
+
+def memory_kb(pid: int) -> dict[str, int]:
+    """A process's resident memory lines (``MEMORY_LINES``, in kB; {} once it is gone), read from
+    any of its threads: a process whose main thread has left (``pthread_exit``) while another
+    serves on shows no memory lines in its own ``/proc/<pid>/status``, only in its threads'
+    (every thread shares the one address space)."""
+    def lines(path: str) -> dict[str, int]:
+        found = {}
+        for line in (_read(Path(path)) or "").splitlines():
+            name, _, value = line.partition(":")
+            if name in MEMORY_LINES and value.split() and value.split()[0].isdigit():
+                found[name] = int(value.split()[0])
+        return found
+
+    found = lines(f"/proc/{pid}/status")
+    if "RssAnon" not in found:
+        try:
+            tasks = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit())
+        except OSError:
+            tasks = []
+        for task in tasks:
+            if "RssAnon" in (found := lines(f"/proc/{pid}/task/{task}/status")):
+                break
+    return found
+
+
 def _rss_anon(pid: int) -> int:
     """A process's resident anonymous memory in bytes (0 once it is gone)."""
-    for line in (_read(Path(f"/proc/{pid}/status")) or "").splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) << 10
-    return 0
+    return memory_kb(pid).get("RssAnon", 0) << 10
 
 
 def _pids(folder: Path) -> list[int]:
@@ -207,6 +233,8 @@ class RankCgroups:
                         (folder / "memory.kmem.tcp.limit_in_bytes").write_text("-1")
                     except OSError:  # a kernel without it (kmem accounting off): the rest is still read
                         pass
+                limit = folder / ("memory.max" if kind == "cgroup v2" else "memory.limit_in_bytes")
+                limit.write_text(str(RANK_MEMORY_BYTES))  # no limit, no cgroup: a rank could take the host's memory
         except OSError:
             for folder in made:
                 rmdir(folder)
@@ -241,7 +269,9 @@ class RankCgroups:
         shares with the fork server and first writes after its first pause (a copy on write,
         1.7 to 2.6 MB over a measured run, more for a submission that touches more), while the
         page stays resident in the rank either way. ``charged`` is the whole charge
-        (``memory.current``), beside it. None if the cgroup cannot be read."""
+        (``memory.current``), beside it, and ``anon_charged`` the anonymous charge, a second
+        witness (memory.uncharted): its growth beyond the resident growth is memory some process
+        of the rank holds where no status line shows it. None if the cgroup cannot be read."""
         folder = self.folders[rank]
         stat = _stat(folder)
         if self.kind == "cgroup v2":
@@ -251,7 +281,7 @@ class RankCgroups:
             kernel = stat["kernel"] if "kernel" in stat else sum(  # "kernel" since Linux 5.18; its parts before
                 stat.get(k, 0) for k in ("kernel_stack", "pagetables", "sec_pagetables", "percpu", "slab"))
             parts = {"file": stat.get("file", 0), "kernel": kernel, "sock": stat.get("sock", 0)}
-            charged = int(current)
+            charged, anon_charged = int(current), stat.get("anon", 0)
         else:
             usage, peak = _read(folder / "memory.usage_in_bytes"), _read(folder / "memory.max_usage_in_bytes")
             tcp, kernel = _read(folder / "memory.kmem.tcp.usage_in_bytes"), _read(folder / "memory.kmem.usage_in_bytes")
@@ -260,14 +290,24 @@ class RankCgroups:
             parts = {"file": stat.get("total_cache", stat.get("cache", 0)),
                      "kernel": int(kernel) if kernel and kernel.strip().isdigit() else 0,
                      "sock": int(tcp) if tcp and tcp.strip().isdigit() else 0}
-            charged = int(usage) + parts["sock"]
+            charged, anon_charged = int(usage) + parts["sock"], stat.get("total_rss", stat.get("rss", 0))
         processes = _pids(folder)
         anon = sum(_rss_anon(pid) for pid in processes)
         reading = {"bytes": anon + sum(parts.values()), "anon": anon, **parts, "charged": charged,
-                   "processes": len(processes), "source": self.kind}
+                   "anon_charged": anon_charged, "processes": len(processes), "source": self.kind}
         if peak and peak.strip().isdigit():
             reading["peak"] = int(peak)
         return reading
+
+    def hit_limit(self, rank: int) -> bool:
+        """Whether the rank's cgroup reached ``RANK_MEMORY_BYTES`` (the kernel then reclaims, and
+        kills a process of it when nothing is left to reclaim)."""
+        folder = self.folders[rank]
+        if self.kind == "cgroup v2":
+            events = dict(line.split() for line in (_read(folder / "memory.events") or "").splitlines() if " " in line)
+            return int(events.get("oom_kill", 0)) > 0 or int(events.get("max", 0)) > 0
+        failed = _read(folder / "memory.failcnt")
+        return bool(failed and failed.strip().isdigit() and int(failed) > 0)
 
     def close(self) -> None:
         """Kill every process left in the ranks' cgroups (a double-forked helper too), remove them."""

@@ -8,8 +8,10 @@ whatever is left in it when the test ends (rank_cgroups.py). The fork server con
 anything (rank_server.py: as root, the student uid; no capability; with namespaces, the ranks'
 own view of the file systems); its socket lies in the grader's private folder, never in the
 ranks' TMPDIR. A rank confines itself again (``sandbox.confine``), puts the submission's folders on
-``sys.path`` *after* the standard library and site-packages, joins a gloo group through a file
-store in its own TMPDIR, runs a rank function on the data the grader sent, and writes its report
+``sys.path`` *after* the standard library and site-packages, joins a gloo group through a TCP
+store that rank 0 serves on the run's loopback (no folder is shared between ranks: whatever a
+rank keeps in the store is in rank 0's memory, and whatever crosses it crosses the loopback the
+grader reads), runs a rank function on the data the grader sent, and writes its report
 to a pipe of its own in ``grading.isolation.wire``'s format, then leaves without finalizing the
 interpreter (gloo's teardown can abort a rank that finished its work; the report is sent by
 then).
@@ -24,22 +26,23 @@ children close what it holds; multiprocessing's resource tracker is never starte
 
 from __future__ import annotations
 
+import errno
 import multiprocessing as mp
 import os
 import select
 import signal
+import socket
 import struct
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
-from grading.readings import outside, traffic
+from grading.readings import outside, review, traffic
 from grading.isolation import rank_cgroups, scrub, wire
-from grading.isolation.sandbox import confine, private_storage
+from grading.isolation.sandbox import STORAGE_BYTES, confine, private_storage
 from grading.selfcheck import GRADER_FAILURE
 
 # Set by the harness; a test run by hand gets the defaults.
@@ -109,6 +112,8 @@ def one_line(exc: BaseException, roots: list[str] | None = None) -> str:
     if isinstance(exc, AssertionError):  # the suite's own in-rank checks say what they found
         return str(exc).splitlines()[0] if str(exc) else "assertion failed"
     what = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        what += f" (a rank's home and /dev/shm are tmpfs of {STORAGE_BYTES >> 20} MiB each: the grader's bound)"
     if isinstance(exc, NotImplementedError):
         what = "NotImplementedError (adapter not implemented)"
     elif isinstance(exc, SystemExit):
@@ -143,6 +148,8 @@ def _use_submission(roots: list[str], workdir: str | None = None) -> None:
 
     sys.path[:] = [p for p in sys.path if kept(p) and os.path.realpath(p) not in map(os.path.realpath, roots)]
     sys.path.extend(roots)
+    if os.environ.get("GRADING_SUBMISSION_PACKAGES"):  # what it declares and the grader installed for it
+        sys.path.append(os.environ["GRADING_SUBMISSION_PACKAGES"])
     os.chdir(workdir or roots[0])
 
 
@@ -161,7 +168,7 @@ def _send(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payload: bytes, writer: Any,
+def _rank_main(rank: int, world_size: int, store_port: int, fn: Callable, payload: bytes, writer: Any,
                roots: list[str], cgroup: tuple[str, str] | None = None, release: Any = None,
                output: Any = None) -> None:
     """Entry point of one forked rank: its standard output and error into ``output`` (a pipe the
@@ -176,7 +183,7 @@ def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payloa
             output.close()
         workdir = None
         if (home := scrub.rank_home()) is not None:
-            workdir = private_storage(home, os.path.dirname(store_path), os.environ.get("GRADING_RANK_SHM"),
+            workdir = private_storage(home, os.environ.get("GRADING_RANK_SHM"),
                                       roots[0] if os.environ.get("GRADING_TREE_READ_ONLY") else None)
         confine()
         if cgroup is not None:
@@ -188,13 +195,16 @@ def _rank_main(rank: int, world_size: int, store_path: str, fn: Callable, payloa
         torch.set_num_threads(1)
         outside.prepare_rank()
         _no_device_to_wait_for(torch)
-        store = dist.FileStore(store_path, world_size)
+        store = dist.TCPStore("127.0.0.1", store_port, world_size, is_master=rank == 0,
+                              timeout=timedelta(seconds=TEST_TIMEOUT_S), wait_for_workers=False)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=TEST_TIMEOUT_S + 30))  # the deadline comes first
         # Every rank connected before any runs the submission: gloo's init has no barrier, and a
         # rank whose test ended before its first collective (or before any) left its peer still
         # connecting, which failed there with "connection closed by peer", a start-up failure.
         dist.barrier()
+        review.witness(lambda message: _send(writer.fileno(), wire.encode(message)),
+                       [*roots, *([workdir] if workdir else [])], on_disk=home is not None and workdir is None)
         started = True
         ctx = Rank(rank, world_size, writer.fileno(), release.fileno() if release is not None else -1)
         report: dict = {"value": fn(ctx, wire.decode(payload))}
@@ -268,7 +278,7 @@ def _context():
         resource_tracker._resource_tracker._fd = os.open(os.devnull, os.O_WRONLY)
         _FORKSERVER = mp.get_context("forkserver")
         _FORKSERVER.set_forkserver_preload(["grading.isolation.rank_server", "torch", "torch._dynamo", "torch.distributed",
-                                            "grading.suite.training"])
+                                            "grading.suite.training", "grading.isolation.preload"])
     return _FORKSERVER
 
 
@@ -328,87 +338,90 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
     ctx = _context()
     roots = submission_roots()
     groups = rank_cgroups.RankCgroups.make(world_size)  # None: memory is read from /proc alone
-    with tempfile.TemporaryDirectory(prefix="grading-store-", dir=os.environ.get("GRADING_RANK_TMPDIR")) as tmp:
-        if os.environ.get("GRADING_STUDENT_UID"):  # the group's file store, in the ranks' own folder
-            os.chown(tmp, int(os.environ["GRADING_STUDENT_UID"]), int(os.environ["GRADING_STUDENT_UID"]))
-        procs, buffers, fds, released, outputs = [], {}, {}, [], {}
-        for r in range(world_size):
-            reader, writer = ctx.Pipe(duplex=False)
-            release_reader, release_writer = ctx.Pipe(duplex=False)
-            output_reader, output_writer = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_rank_main, daemon=True,
-                            args=(r, world_size, os.path.join(tmp, "store"), fn, payloads[r], writer, roots,
-                                  (groups.name(r), groups.kind) if groups else None, release_reader, output_writer))
-            _start(p)
-            if groups:
-                _enter(groups, r, p)
-            writer.close()
-            release_reader.close()
-            output_writer.close()
-            os.set_blocking(output_reader.fileno(), False)
-            outputs[output_reader.fileno()] = (output_reader, Output(r))
-            released.append(release_writer)
-            os.set_blocking(reader.fileno(), False)
-            procs.append((p, reader))
-            fds[reader.fileno()] = r
-            buffers[r] = bytearray()
-        deadline = time.monotonic() + timeout_s
-        values: dict[int, Any] = {}
-        readings: dict[int, list[dict]] = {r: [] for r in range(world_size)}  # outside.py's, per rank
-        holds = traffic.Holds([p.pid for p, _ in procs], [w.fileno() for w in released], releases)  # the group's
-        errors: list[str] = []
-        start_up = 0  # errors raised before the submission's code could run
-        try:
-            open_fds, printing = set(fds), set(outputs)
-            while open_fds and time.monotonic() < deadline:
-                ready, _, _ = select.select(list(open_fds | printing), [], [],
-                                            min(0.5, max(0.0, deadline - time.monotonic())))
-                for fd in ready:
-                    if fd in outputs:
-                        if not outputs[fd][1].drain(fd):
-                            printing.discard(fd)
-                        continue
-                    r = fds[fd]
-                    chunk = os.read(fd, 1 << 20)
-                    buffers[r] += chunk
-                    _take_frames(buffers[r], r, procs[r][0].pid, readings[r], holds,
-                                 (lambda r=r: groups.read(r)) if groups else None)
-                    done = _frame(buffers[r])
-                    if done is None and chunk and len(buffers[r]) <= wire.MAX_MESSAGE_BYTES + _FRAME.size:
-                        continue
-                    open_fds.discard(fd)
-                    if done is None:
-                        p = procs[r][0]
-                        p.join(timeout=2)
-                        errors.append(_exit_line(r, p.exitcode) if not chunk else
-                                      f"rank {r} sent a report over {wire.MAX_MESSAGE_BYTES >> 20} MiB")
+    port = free_port()
+    procs, buffers, fds, released, outputs = [], {}, {}, [], {}
+    for r in range(world_size):
+        reader, writer = ctx.Pipe(duplex=False)
+        release_reader, release_writer = ctx.Pipe(duplex=False)
+        output_reader, output_writer = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_rank_main, daemon=True,
+                        args=(r, world_size, port, fn, payloads[r], writer, roots,
+                              (groups.name(r), groups.kind) if groups else None, release_reader, output_writer))
+        _start(p)
+        if groups:
+            _enter(groups, r, p)
+        writer.close()
+        release_reader.close()
+        output_writer.close()
+        os.set_blocking(output_reader.fileno(), False)
+        outputs[output_reader.fileno()] = (output_reader, Output(r))
+        released.append(release_writer)
+        os.set_blocking(reader.fileno(), False)
+        procs.append((p, reader))
+        fds[reader.fileno()] = r
+        buffers[r] = bytearray()
+    deadline = time.monotonic() + timeout_s
+    values: dict[int, Any] = {}
+    readings: dict[int, list[dict]] = {r: [] for r in range(world_size)}  # outside.py's, per rank
+    witnessed: dict[int, list[str]] = {r: [] for r in range(world_size)}  # review.py's, per rank
+    holds = traffic.Holds([p.pid for p, _ in procs], [w.fileno() for w in released], releases)  # the group's
+    errors: list[str] = []
+    start_up = 0  # errors raised before the submission's code could run
+    try:
+        open_fds, printing = set(fds), set(outputs)
+        while open_fds and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(open_fds | printing), [], [],
+                                        min(0.5, max(0.0, deadline - time.monotonic())))
+            for fd in ready:
+                if fd in outputs:
+                    if not outputs[fd][1].drain(fd):
+                        printing.discard(fd)
+                    continue
+                r = fds[fd]
+                chunk = os.read(fd, 1 << 20)
+                buffers[r] += chunk
+                _take_frames(buffers[r], r, procs[r][0].pid, readings[r], holds,
+                             (lambda r=r: groups.read(r)) if groups else None, witnessed[r])
+                done = _frame(buffers[r])
+                if done is None and chunk and len(buffers[r]) <= wire.MAX_MESSAGE_BYTES + _FRAME.size:
+                    continue
+                open_fds.discard(fd)
+                if done is None:
+                    p = procs[r][0]
+                    p.join(timeout=2)
+                    line = _exit_line(r, p.exitcode) if not chunk else \
+                        f"rank {r} sent a report over {wire.MAX_MESSAGE_BYTES >> 20} MiB"
+                    if groups and groups.hit_limit(r):
+                        line += (f" (its memory cgroup reached the grader's bound of "
+                                 f"{rank_cgroups.RANK_MEMORY_BYTES >> 30} GiB per rank)")
+                    errors.append(line)
+                else:
+                    try:
+                        report = wire.decode(done)
+                    except wire.WireError as e:
+                        report = {"error": f"rank {r} sent an unreadable report ({e})"}
+                    if isinstance(report, dict) and "value" in report:
+                        values[r] = report["value"]
                     else:
-                        try:
-                            report = wire.decode(done)
-                        except wire.WireError as e:
-                            report = {"error": f"rank {r} sent an unreadable report ({e})"}
-                        if isinstance(report, dict) and "value" in report:
-                            values[r] = report["value"]
-                        else:
-                            error = report.get("error") if isinstance(report, dict) else None
-                            errors.append(error if isinstance(error, str) else f"rank {r} sent an unreadable report")
-                            start_up += isinstance(report, dict) and report.get("start_up") is True
-                    if errors:
-                        deadline = min(deadline, time.monotonic() + GRACE_AFTER_ERROR_S)
-                holds.expire()
-        finally:
-            for p, reader in procs:
-                _kill(p)
-                reader.close()
-            if groups:
-                groups.close()  # every process the ranks left, a double-forked helper too
-            for release_writer in released:
-                release_writer.close()
-            for fd, (output_reader, output) in outputs.items():
-                output.drain(fd)
-                output_reader.close()
-                if output.count:
-                    print(output.summary())  # the test's captured output: grade.md's log on a failure
+                        error = report.get("error") if isinstance(report, dict) else None
+                        errors.append(error if isinstance(error, str) else f"rank {r} sent an unreadable report")
+                        start_up += isinstance(report, dict) and report.get("start_up") is True
+                if errors:
+                    deadline = min(deadline, time.monotonic() + GRACE_AFTER_ERROR_S)
+            holds.expire()
+    finally:
+        for p, reader in procs:
+            _kill(p)
+            reader.close()
+        if groups:
+            groups.close()  # every process the ranks left, a double-forked helper too
+        for release_writer in released:
+            release_writer.close()
+        for fd, (output_reader, output) in outputs.items():
+            output.drain(fd)
+            output_reader.close()
+            if output.count:
+                print(output.summary())  # the test's captured output: grade.md's log on a failure
     scrub.after_test()  # what the ranks left: no storage outlives its test
     if errors and start_up == len(errors):
         raise RankFailure(f"{GRADER_FAILURE}ranks could not start before the submission's code ran: {_reasons(errors)}")
@@ -421,8 +434,18 @@ def run_ranks(fn: Callable, world_size: int, payloads: list[bytes], timeout_s: f
     for r, value in values.items():
         if isinstance(value, dict):
             value[outside.KEY] = readings[r]  # the grader's, over anything the rank put there
+            value[review.KEY] = witnessed[r]
             value[traffic.KEY] = holds.readings
     return [values[r] for r in range(world_size)]
+
+
+def free_port() -> int:
+    """A port free on this network namespace's loopback now, for rank 0's store: with namespaces
+    the loopback is the run's own (no other grading binds there); the kernel hands out ephemeral
+    ports in turn, so one just released is not handed to another process at once."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _enter(groups: rank_cgroups.RankCgroups, rank: int, p) -> None:
@@ -436,13 +459,15 @@ def _enter(groups: rank_cgroups.RankCgroups, rank: int, p) -> None:
 
 
 def _take_frames(buffer: bytearray, rank: int, pid: int, readings: list[dict], holds: traffic.Holds,
-                 read: Callable | None = None) -> None:
-    """Every whole pause (outside.py; ``read``: the rank's memory cgroup reading, if any) and hold
-    (traffic.py) frame at the head of ``buffer``, in the order the rank sent them; the report, if
-    any, stays."""
-    outside.take_pauses(buffer, pid, readings, _frame, read)
-    while holds.take(buffer, rank, _frame):
+                 read: Callable | None = None, witnessed: list[str] | None = None) -> None:
+    """Every whole pause (outside.py; ``read``: the rank's memory cgroup reading, if any), witness
+    (review.py) and hold (traffic.py) frame at the head of ``buffer``, in the order the rank sent
+    them; the report, if any, stays."""
+    while True:
         outside.take_pauses(buffer, pid, readings, _frame, read)
+        if not (review.take(buffer, _frame, witnessed if witnessed is not None else [])
+                or holds.take(buffer, rank, _frame)):
+            return
 
 
 def _frame(buffer: bytearray) -> bytes | None:

@@ -75,16 +75,19 @@ def confine() -> None:
 
 
 CLONE_NEWUSER, CLONE_NEWIPC = 0x10000000, 0x08000000
+STORAGE_BYTES = 256 << 20  # each of a rank's tmpfs mounts (home, /dev/shm): far above what a test writes
 
 
-def private_storage(home: str, keep: str, shm: str | None = None, tree: str | None = None) -> str | None:
+def private_storage(home: str, shm: str | None = None, tree: str | None = None) -> str | None:
     """A rank's own storage, made by the rank before it runs any of the submission's code: a user
     namespace of its own (no privilege is needed for one where the kernel allows it), and in it
     a mount namespace where ``home`` (its HOME and TMPDIR) and ``/dev/shm`` (or ``shm``, the folder
     bound there) are fresh tmpfs mounts, and an IPC namespace. Its peers cannot read what it
     writes there, and what it writes is charged to its own memory cgroup and dies with it: no
-    file, segment or queue is shared between ranks but the process group, whose file store
-    (``keep``, a folder in ``home``) is bound back in. The submission's copy (``tree``, read-only
+    file, segment or queue is shared between ranks (the process group's store is a TCP store that
+    rank 0 serves: ranks.py), and nothing a rank can write is on a disk. Each tmpfs has a size
+    (``STORAGE_BYTES``): a rank that fills it gets ENOSPC, and its memory cgroup's limit bounds
+    them together. The submission's copy (``tree``, read-only
     to the ranks) is seen again, writable, at ``home/work/<its name>`` (an overlay whose changes
     stay in the rank's tmpfs; a read-only bind where overlays are refused), the rank's working
     folder: code that writes beside itself, or in ``../data``, as students' code does when run
@@ -105,16 +108,10 @@ def private_storage(home: str, keep: str, shm: str | None = None, tree: str | No
     finally:
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    store = os.open(keep, O_PATH | os.O_DIRECTORY)  # in this namespace: a bind's source must be
-    try:
-        _mount("tmpfs", home, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700")
-        os.makedirs(keep, exist_ok=True)
-        _mount(f"/proc/self/fd/{store}", keep, None, MS_BIND)
-    finally:
-        os.close(store)
+    _mount("tmpfs", home, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=0700,size={STORAGE_BYTES}")
     for folder in {"/dev/shm", *([shm] if shm else [])}:
         if os.path.isdir(folder) and not _inside(folder, home):
-            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+            _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"mode=1777,size={STORAGE_BYTES}")
     if tree is None:
         return home
     view = os.path.join(home, "work", os.path.basename(os.path.realpath(tree)) or "submission")

@@ -21,13 +21,14 @@ import contextlib
 import fcntl
 import os
 import random
-import shutil
 import signal
 import stat
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from grading.isolation import scrub
 
 FIRST_UID, UIDS = 1_800_000_000, 100_000_000  # far above any account's uid, below 2^31
 LOCKS = Path(tempfile.gettempdir()) / "grading-student-uids"
@@ -158,7 +159,7 @@ def _remove_in(top: str, uid: int) -> list[str]:
                     continue
                 if info.st_uid == uid:
                     if stat.S_ISDIR(info.st_mode):
-                        shutil.rmtree(entry.path, ignore_errors=True)  # by descriptor: a swapped-in link is not followed
+                        scrub.remove_tree(entry.path)  # no link followed, any depth
                     else:
                         with contextlib.suppress(OSError):
                             os.unlink(entry.path)

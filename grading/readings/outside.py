@@ -38,6 +38,7 @@ import sys
 import time
 
 from grading.isolation import wire
+from grading.isolation.rank_cgroups import memory_kb
 
 KEY = "outside"  # a report's entry the grader fills with its readings
 BEFORE = "before the submission"  # a measured rank's first pause: its memory before any of its code ran
@@ -116,17 +117,6 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def _status_kb(pid: int) -> dict[str, int]:
-    found = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name in ("RssAnon", "RssShmem", "RssFile"):
-                    found[name] = int(value.split()[0])
-    except (OSError, ValueError):
-        pass
-    return found
 
 
 def descendants(pid: int) -> list[int]:
@@ -151,12 +141,12 @@ def resident_bytes(pid: int) -> dict[str, int] | None:
     """What the kernel counts resident for ``pid`` and its descendants: anonymous and shared
     memory (a tensor's bytes, wherever the process keeps them), in bytes; and how many processes.
     None where the grader cannot read the rank's own counts (a /proc mounted with hidepid)."""
-    if "RssAnon" not in _status_kb(pid):
+    if "RssAnon" not in memory_kb(pid):
         return None
     anon = shmem = 0
     processes = descendants(pid)
     for p in processes:
-        kb = _status_kb(p)
+        kb = memory_kb(p)
         anon += kb.get("RssAnon", 0) << 10
         shmem += kb.get("RssShmem", 0) << 10
     return {"bytes": anon + shmem, "anon": anon, "shmem": shmem, "processes": len(processes)}

@@ -2,43 +2,42 @@
 
 A check that reads a rank from outside (its memory, its loopback bytes) has more than one
 witness: the reading itself; the rank's own tensors, counted inside it; whether the rank's memory
-fell below what it held once imported; the tensors its modules hold once imported; and what its
-source reaches for (``reaches``: C calls, memory maps, shared memory, the collector's freeze,
-signal handlers, code run from strings). A false cap hits an honest student silently, while a
-forgery needs deliberate work a TA recognises in the code; so where the witnesses disagree the
-check neither caps nor passes. It fails with a reason that starts with ``HELD``: the test scores
-nothing until a TA looks, the problem's cap does not apply (report.py), and grade.md, grades.csv
-and the staff summary list it with both readings.
+fell below what it held once imported; its cgroup's anonymous charge beside its processes'
+resident memory; the tensors its modules hold once imported; and what the submission's own code
+*did* (``witness``: Python's audit hooks, which fire on C calls, memory maps, new processes and
+sockets, and code compiled from strings, and which no code can remove once added). A false cap
+hits an honest student silently, while a forgery needs deliberate work a TA recognises in the
+code; so where the witnesses disagree the check neither passes nor gives: it fails with a reason
+that starts with ``HELD``, counts as not passed (its problem's cap included) until a TA looks,
+and grade.md, grades.csv and the staff summary list it with both readings and what releasing
+it would give (report.py).
+
+What a line of text says is no witness: a line that never runs holds nothing, and a ``#`` in a
+string or an import by a computed name hides nothing from a hook that sees the call itself.
 """
 
 from __future__ import annotations
 
-import ast
-import json
 import os
-import re
-from pathlib import Path
+import sys
+import sysconfig
 
 HELD = "held for review: "
-SOURCES_ENV = "GRADING_REACHES"  # the harness's scan of the submission (intake.py), as JSON
-MAX_FILES = 2000  # .py files followed at most
-MAX_HITS = 12
+KEY = "witnessed"  # a report's entry the grader fills with what the rank's audit hook streamed
+MAX_HITS = 12  # witnessed lines a rank streams at most
 
-# What a rank could use to make an outside reading lie, or to hide that it does; each with what a
-# TA looks for. Matched in code, not in comments (a line's text before a "#").
-SUSPECT = [
-    (re.compile(r"\bctypes\b|\bcffi\b"), "calls into C (ctypes/cffi): memory and pages the readings cannot attribute"),
-    (re.compile(r"\bmmap\b"), "memory maps (mmap): state kept in a file's pages"),
-    (re.compile(r"\bmadvise\b"), "madvise: pages given back to the kernel"),
-    (re.compile(r"\bshm_open\b|\bshared_memory\b|\bshmget\b|\bsysv_ipc\b|\bposix_ipc\b|/dev/shm"),
-     "shared memory: state kept outside the rank"),
-    (re.compile(r"\bgc\s*\.\s*freeze\b"), "gc.freeze: objects hidden from the collector"),
-    (re.compile(r"\bsignal\s*\.\s*(signal|sigaction|setitimer|alarm|pthread_kill|pthread_sigmask)\b"),
-     "signal handlers: a rank that acts on the grader's pauses"),
-    (re.compile(r"(?<![.\w])(?<!def )(exec|eval|compile)\s*\("), "code run from strings (exec/eval/compile)"),
-    (re.compile(r"(?<![.\w])__import__\s*\(|\bimport_module\s*\(\s*[^'\"\s)]|\bspec_from_file_location\b|"
-                r"\bSourceFileLoader\b|\bload_source\b|\brunpy\b|\bzipimport\b"), "imports by computed name or path"),
-]
+# Audit events (https://docs.python.org/3/library/audit_events.html) a rank's own code has no
+# ordinary need of in a DDP or FSDP wrapper, each with what a TA looks for.
+WATCHED = {
+    **dict.fromkeys(("ctypes.dlopen", "ctypes.dlsym", "ctypes.dlsym/handle", "ctypes.cdata", "ctypes.cdata/buffer",
+                     "ctypes.call_function", "ctypes.addressof", "ctypes.string_at", "ctypes.create_string_buffer"),
+                    "calls into C (ctypes): memory and pages the readings cannot attribute"),
+    "mmap.__new__": "maps memory (mmap): state kept in a file's or a shared segment's pages",
+    **dict.fromkeys(("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system", "subprocess.Popen"),
+                    "starts a process: memory kept beside the rank"),
+    "socket.__new__": "opens a socket of its own: bytes kept in or sent through buffers of its own",
+    "compile": "compiles code from a string (exec/eval/compile)",
+}
 
 
 def held(reason: str, *evidence: str) -> str:
@@ -50,80 +49,97 @@ def is_held(reason: str) -> bool:
     return reason.startswith(HELD)
 
 
-def imported_files(start: list[Path], roots: list[Path], read) -> list[Path]:
-    """The submission's Python files that ``start`` (its adapters, the course's model module)
-    import, directly or through others, as far as the source says (``import``/``from ... import``
-    anywhere in a file, relative ones included, and each package's ``__init__.py`` on the way):
-    what a rank runs. A module loaded by a computed name is not followed; the pattern that loads
-    it is itself a hit (``SUSPECT``)."""
-    def module_files(name: str) -> list[Path]:
-        parts, found = name.split("."), []
-        for root in roots:
-            for depth in range(1, len(parts) + 1):
-                base = root.joinpath(*parts[:depth])
-                found += [f for f in (base / "__init__.py", base.with_suffix(".py")) if f.is_file()]
-        return found
+def _library_prefixes() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib")})
 
-    seen: list[Path] = []
-    queue = [f for f in start if f.is_file()]
-    while queue and len(seen) < MAX_FILES:
-        path = queue.pop()
-        if path in seen:
-            continue
-        seen.append(path)
+
+# Where a rank's storage is on disk (no user namespace for a tmpfs of its own: sandbox.private_storage),
+# a file it writes and drops from the page cache holds what no memory reading sees.
+ON_DISK = {"open": "writes a file, which this grader's ranks keep on disk where no memory reading sees it"}
+_WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+def _writes(args: tuple) -> bool:
+    mode, flags = (args + (None, None))[1:3]
+    return (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & _WRITES)
+
+
+def witness(send, roots: list[str], on_disk: bool = False) -> None:
+    """Rank side, before any of the submission's code runs: an audit hook that sends
+    ``send({"witness": "file:line: what"})`` when the submission's own code does what ``WATCHED``
+    names, at most ``MAX_HITS`` lines, each once. The code that did it is the innermost frame
+    outside the standard library (``multiprocessing`` or ``subprocess`` called for the rank is
+    the rank's); a library's own use (torch loading a library, a compiler starting its workers)
+    is the library's, and so is what a standard module does as it is first imported (``import
+    ctypes`` loads C code; the walk meets the import system first). For ``compile`` only the
+    direct caller counts: the import system compiles every module it loads. The hook never raises (an honest call goes through whatever happens
+    here), holds the only references it uses, and cannot be removed (PEP 578). ``on_disk``: the
+    rank's storage is on disk, and a file it opens for writing is witnessed too, whoever's code
+    (torch.save's, say) makes the call for it: the innermost of its own frames names the line."""
+    own = tuple(os.path.realpath(r) + os.sep for r in roots)
+    library = _library_prefixes()
+    getframe, realpath, seen = sys._getframe, os.path.realpath, set()
+
+    def standard(path: str) -> bool:  # a venv's platstdlib holds its site-packages: not the standard library's
+        return path.startswith(library) and "site-packages" not in path and "dist-packages" not in path
+    watched = {**WATCHED, **(ON_DISK if on_disk else {})}
+
+    def hook(event: str, args: tuple) -> None:
+        what = watched.get(event)
+        if what is None or len(seen) >= MAX_HITS:
+            return
         try:
-            tree = ast.parse(read(path).decode(errors="replace"))
-        except (OSError, SyntaxError, ValueError):
-            continue
-        root = next((r for r in roots if path.is_relative_to(r)), path.parent)
-        package = list(path.relative_to(root).parent.parts) if path.is_relative_to(root) else []
-        for node in ast.walk(tree):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                here = package[:len(package) - node.level + 1] if node.level else []
-                base = ".".join([*here, *(node.module.split(".") if node.module else [])])
-                names = [base, *(f"{base}.{a.name}" if base else a.name for a in node.names)] if base or node.level \
-                    else []
-            for name in filter(None, names):
-                queue += [f for f in module_files(name) if f not in seen]
-    return seen
+            frame = getframe(1)
+            if event == "compile":
+                if not isinstance(args[0], (str, bytes)):
+                    return
+            elif event == "open":
+                if not _writes(args):
+                    return
+                while frame is not None and not frame.f_code.co_filename.startswith("<") and \
+                        not realpath(frame.f_code.co_filename).startswith(own):
+                    frame = frame.f_back  # up to its own line, but not through an import (a library's)
+            else:
+                while frame is not None and standard(realpath(frame.f_code.co_filename)):
+                    frame = frame.f_back
+            if frame is None or frame.f_code.co_filename.startswith("<"):  # the import system's, a string's
+                return
+            path = realpath(frame.f_code.co_filename)
+            root = next((r for r in own if path.startswith(r)), None)
+            if root is None or "site-packages" in path:
+                return
+            line = f"{os.path.relpath(path, root)}:{frame.f_lineno}: {what}"
+            if line not in seen:
+                seen.add(line)
+                send({"witness": line})
+        except BaseException:  # noqa: BLE001 - a witness never changes what the code does
+            pass
+
+    sys.addaudithook(hook)
 
 
-def scan(start: list[Path], roots: list[Path], read) -> list[str]:
-    """``file:line: what`` for each line of the Python files a rank runs (``imported_files`` from
-    ``start``; ``read``: files.read_regular, bounded, no link followed) that reaches for something
-    in ``SUSPECT``, at most ``MAX_HITS``; paths relative to the first of ``roots``."""
-    hits: list[str] = []
-    files = imported_files(start, roots, read)
-    for path in files:
-        try:
-            text = read(path).decode(errors="replace")
-        except OSError:
-            continue
-        for number, line in enumerate(text.splitlines(), 1):
-            code = line.split("#", 1)[0]
-            for pattern, what in SUSPECT:
-                if pattern.search(code):
-                    where = path.relative_to(roots[0]) if path.is_relative_to(roots[0]) else path.name
-                    hits.append(f"{where}:{number}: {what}")
-                    break
-            if len(hits) >= MAX_HITS:
-                return hits
-    return hits
+def take(buffer: bytearray, frame, found: list[str]) -> bool:
+    """Grader side: consume a witness frame at the head of ``buffer`` into ``found``; whether one was."""
+    from grading.isolation import wire
 
-
-def reaches() -> list[str]:
-    """The harness's scan of the submission being graded ([] when run by hand, on this checkout)."""
+    message = frame(buffer)
+    if not message:
+        return False
     try:
-        found = json.loads(os.environ.get(SOURCES_ENV, "[]"))
-    except ValueError:
-        return ["the grader's scan of the source could not be read"]
-    return [str(f) for f in found][:MAX_HITS] if isinstance(found, list) else []
+        decoded = wire.decode(message)
+    except wire.WireError:
+        return False
+    if not (isinstance(decoded, dict) and set(decoded) == {"witness"} and isinstance(decoded["witness"], str)):
+        return False
+    del buffer[:8 + len(message)]
+    if len(found) < MAX_HITS:
+        found.append(decoded["witness"][:300])
+    return True
 
 
-def source_witness() -> str:
-    """The source's witness as a hold's evidence, or "" when it reaches for nothing suspect."""
-    found = reaches()
-    return f"its source reaches for what can make an outside reading lie: {'; '.join(found)}" if found else ""
+def witnessed(reports: list[dict]) -> str:
+    """What the ranks' own code did that can make an outside reading lie, as a hold's evidence;
+    "" when it did none of it."""
+    found = [f"rank {r}: {line}" for r, report in enumerate(reports) for line in (report.get(KEY) or [])]
+    return f"what its own code did as it ran: {'; '.join(found[:MAX_HITS])}" if found else ""

@@ -41,7 +41,7 @@ class TestGrade:
     requirement: str = ""  # what the handout asks that this test checks (its docstring)
     capped_score: float | None = None  # its part of the capped points, when the problem's cap applies
     capped: str = ""  # why: the cap and the failed test of what the problem is named for
-    held: bool = False  # every failure a hold for review (review.py): scores nothing, caps nothing, until a TA decides
+    held: bool = False  # every failure a hold for review (review.py): counts as not passed, cap included, until a TA decides
 
     @property
     def passed(self) -> bool:
@@ -82,7 +82,7 @@ class ProblemGrade:
     beyond_passed: int = 0  # tests beyond the handout, worth 0
     beyond_total: int = 0
     capped: str = ""  # the cap that applied, and why
-    held: float = 0.0  # the points of its tests held for review (review.py), not in ``points`` until a TA decides
+    held: float = 0.0  # what ``points`` would gain were its holds (review.py) released as passes: a TA decides
 
 
 def shares(points: float, tests: int | list[float]) -> list[float]:
@@ -110,14 +110,16 @@ def rubric_weights(problem: str, names: list[str]) -> list[float] | None:
 
 def apply_cap(problem: str, tests: list[TestGrade], points: int) -> list[TestGrade]:
     """The problem's cap: when a test of what it is named for failed, for any reason (its own
-    finding, wrong training, an exception, a timeout: a rank that recognised the test and raised
-    there must not trade the cap for the test's share), the passed tests share at most the capped
-    points, in proportion to their shares."""
+    finding, wrong training, an exception, a timeout, a hold for review: a rank that recognised
+    the test and raised there, or made its witnesses disagree, must not trade the cap for the
+    test's share), the passed tests share at most the capped points, in proportion to their
+    shares. A hold neither gives nor takes: until a TA decides it counts as not passed, and
+    ``released`` says what releasing it would give."""
     rubric = RUBRIC.get(problem)
     graded_tests = [t for t in tests if not t.beyond]
     if rubric is None or rubric_weights(problem, [t.name for t in graded_tests]) is None:
         return tests
-    missed = [t for t in graded_tests if test_function(t.name) in rubric.point and not t.passed and not t.held]
+    missed = [t for t in graded_tests if test_function(t.name) in rubric.point and not t.passed]
     earned = sum(t.max_score for t in graded_tests if t.passed)
     limit = rubric.capped_points(points)
     if not missed or earned <= limit:
@@ -127,6 +129,13 @@ def apply_cap(problem: str, tests: list[TestGrade], points: int) -> list[TestGra
     passed = [t for t in graded_tests if t.passed]
     capped = dict(zip(map(id, passed), shares(limit, [t.max_score for t in passed])))
     return [replace(t, capped_score=capped[id(t)], capped=why) if id(t) in capped else t for t in tests]
+
+
+def released(problem: str, tests: list[TestGrade], points: int) -> float:
+    """The problem's points were every hold for review released as a pass (the cap applied again)."""
+    freed = [replace(t, passes=t.runs, held=False, capped_score=None, capped="") if t.held
+             else replace(t, capped_score=None, capped="") for t in tests]
+    return round(sum(t.score for t in apply_cap(problem, freed, points) if not t.beyond), 4)
 
 
 def grade_tests(entries: list[dict], problems: list[str], notes: dict[str, str] | None = None,
@@ -180,7 +189,8 @@ def problem_grades(tests: list[TestGrade], problems: list[str], hand: list[str] 
         rows.append(ProblemGrade(problem, sum(t.passed for t in mine), len(mine), sum(t.flaky for t in mine),
                                  round(sum(t.score for t in mine), 4), points[problem],
                                  sum(t.passed for t in beyond), len(beyond), next((t.capped for t in mine if t.capped), ""),
-                                 round(sum(t.max_score for t in mine if t.held), 4)))
+                                 round(released(problem, mine + beyond, points[problem]) - sum(t.score for t in mine), 4)
+                                 if any(t.held for t in mine) else 0.0))
     rows += [ProblemGrade(p, 0, 0, 0, None, points[p]) for p in hand]
     return rows
 
@@ -274,7 +284,9 @@ def grade_markdown(name: str, header: str, rows: list[ProblemGrade], tests: list
     """The grade a TA reads: a line for anything that stopped the submission from importing,
     the table, every failed graded test with its reason and the requirement it checks, then
     the checks beyond the handout (worth 0)."""
-    out = [f"# Grade: {name}", "", *[f"**{note}**" for note in notes], *([""] if notes else []), header, "",
+    first, _, rest = header.partition("\n\n") if header.startswith("Guarantees") else ("", "", header)
+    out = [f"# Grade: {name}", "", *([first, ""] if first else []), *[f"**{note}**" for note in notes],
+           *([""] if notes else []), rest, "",
            "| problem | tests passed | flaky | beyond the handout (0 points) | points |", "|---|---:|---:|---:|---:|"]
     for r in rows:
         points = f"graded by hand (of {r.possible})" if r.points is None else f"{r.points:.1f} / {r.possible}"
@@ -285,6 +297,10 @@ def grade_markdown(name: str, header: str, rows: list[ProblemGrade], tests: list
     auto = [r for r in rows if r.points is not None]
     out.append(f"| **total (tested problems)** | {sum(r.passed for r in auto)}/{sum(r.total for r in auto)} | "
                f"{sum(r.flaky for r in auto)} |  | **{sum(r.points for r in auto):.1f} / {sum(r.possible for r in auto)}** |")
+    if any(r.held for r in auto):
+        total = sum(r.points for r in auto)
+        out += ["", f"**Held for review:** {total:.1f} as graded (every hold counted as not passed, cap "
+                    f"included); {total + sum(r.held for r in auto):.1f} if a TA releases every hold."]
     capped = [f"**Capped:** {r.capped}." for r in rows if r.capped]
     out += ["", *capped] if capped else []
     held = [t for t in tests if t.held and not t.beyond]

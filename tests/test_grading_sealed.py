@@ -1,0 +1,271 @@
+"""Issue 51: ranks sealed by construction. Each class of the issue, rebuilt as a small hostile
+fixture on the weak optimizer (every rank keeps the whole state: the answers' mutant
+``full_optimizer_state``, honestly capped at 5 of 15), earns no more than that weak code's grade,
+held or not; clean-up and the submission's declared packages.
+
+* Storage: the state written after each step to the first writable place the rank finds (its
+  home, TMPDIR, working folder, ``/tmp``, ``/dev/shm``), fsync'ed and dropped from the page cache,
+  read back before the next step. No shared store folder is left (the group's store is rank 0's
+  TCP store), and every writable place is a tmpfs charged to the rank's memory cgroup: the pages
+  stay in the reading.
+* A helper the rank forks whose main thread leaves (``pthread_exit``) while a second thread keeps
+  the state and serves it over a socketpair: its memory lines are read from its threads, and its
+  code's C calls and fork are witnessed as they run.
+* State kept in a class attribute, which the in-rank count does not walk: the reading and the
+  rank's own tensors disagree, a hold, and a held point test counts as not passed for the cap.
+* A deep folder tree left behind is removed without recursion; a declared package is installed
+  for the submission (from a course wheelhouse here), or the tests it breaks are held with its name.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from grading.harness import grade
+from grading.isolation.scrub import remove_tree
+from grading.intake import packages
+from tests.answers_fixture import PER_PARAMETER_FILE, ZERO_FILE, apply_edits
+from tests.test_grading import PER_PARAMETER, QUICK, ZERO, make_submission, points, unpassed
+
+pytestmark = pytest.mark.problem("beyond")
+
+WEAK_CAP = 5.0  # optimizer_state_sharding's cap: what the unsharded optimizer honestly earns at most
+STEP = "        loss = self.local.step(closure, **kwargs)\n"
+
+PARKED_ON_DISK = STEP.replace("        loss", "        _restore(self)\n        loss") + "        _park(self)\n"
+PARK_ON_DISK = '''
+
+def _park(opt):
+    """The whole state to the first writable place, synced and dropped from the page cache."""
+    import os
+    params = list(opt.local.state)
+    for folder in (os.environ.get("HOME"), os.environ.get("TMPDIR"), os.getcwd(), "/tmp", "/var/tmp", "/dev/shm"):
+        try:
+            path = os.path.join(folder, f"parked-{os.getpid()}.pt")
+            torch.save([opt.local.state[p] for p in params], path)
+            fd = os.open(path, os.O_RDONLY)
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+        except (OSError, TypeError):
+            continue
+        opt.local.state.clear()
+        opt.parked = (path, params)
+        return
+
+
+def _restore(opt):
+    import os
+    if getattr(opt, "parked", None):
+        path, params = opt.parked
+        for p, s in zip(params, torch.load(path, weights_only=True)):
+            opt.local.state[p] = s
+        os.unlink(path)
+        opt.parked = None
+'''
+
+PARK_IN_HELPER = '''
+
+def _helper():
+    """A forked helper whose main thread leaves while a second thread keeps what it is sent."""
+    import ctypes, os, socket, threading
+    mine, theirs = socket.socketpair()
+    if os.fork() == 0:
+        mine.close()
+
+        def serve():
+            kept = b""
+            while True:
+                head = theirs.recv(8, socket.MSG_WAITALL)
+                if len(head) < 8:
+                    os._exit(0)
+                size = int.from_bytes(head, "little")
+                if size == 0:
+                    theirs.sendall(len(kept).to_bytes(8, "little") + kept)
+                else:
+                    kept = theirs.recv(size, socket.MSG_WAITALL)
+
+        threading.Thread(target=serve).start()
+        ctypes.CDLL(None).pthread_exit(None)
+    theirs.close()
+    return mine
+
+
+def _park(opt):
+    import io
+    opt.helper = getattr(opt, "helper", None) or _helper()
+    params = list(opt.local.state)
+    buffer = io.BytesIO()
+    torch.save([opt.local.state[p] for p in params], buffer)
+    data = buffer.getvalue()
+    opt.helper.sendall(len(data).to_bytes(8, "little") + data)
+    opt.local.state.clear()
+    opt.parked = params
+
+
+def _restore(opt):
+    import io, socket
+    if getattr(opt, "parked", None):
+        opt.helper.sendall((0).to_bytes(8, "little"))
+        size = int.from_bytes(opt.helper.recv(8, socket.MSG_WAITALL), "little")
+        kept = torch.load(io.BytesIO(opt.helper.recv(size, socket.MSG_WAITALL)), weights_only=True)
+        for p, s in zip(opt.parked, kept):
+            opt.local.state[p] = s
+        opt.parked = None
+'''
+
+PARK_IN_CLASS = '''
+
+def _park(opt):
+    """The state where the in-rank count does not look: a class attribute."""
+    type(opt).vault[id(opt)] = (list(opt.local.state), [opt.local.state[p] for p in opt.local.state])
+    opt.local.state.clear()
+
+
+def _restore(opt):
+    params, states = type(opt).vault.pop(id(opt), ((), ()))
+    for p, s in zip(params, states):
+        opt.local.state[p] = s
+'''
+
+
+def weak_with(tmp_path: Path, name: str, helpers: str, class_line: str = "") -> Path:
+    """The unsharded optimizer that parks its whole state between steps with ``helpers``."""
+    tree = make_submission(tmp_path / name, "full_optimizer_state")
+    edits = [(ZERO_FILE, STEP, PARKED_ON_DISK), (ZERO_FILE, "\n\nclass ShardedOptimizer", helpers + "\n\nclass ShardedOptimizer")]
+    if class_line:
+        edits.append((ZERO_FILE, "class ShardedOptimizer(torch.optim.Optimizer):\n",
+                      "class ShardedOptimizer(torch.optim.Optimizer):\n" + class_line))
+    return apply_edits(tree, name, edits)
+
+
+@pytest.mark.parametrize("name,helpers,class_line", [
+    ("storage", PARK_ON_DISK, ""),
+    ("helper", PARK_IN_HELPER, ""),
+    ("class_attribute", PARK_IN_CLASS, "    vault: dict = {}\n"),
+], ids=["storage", "helper", "class_attribute"])
+def test_state_parked_out_of_sight_earns_no_more_than_the_weak_code(tmp_path, name, helpers, class_line):
+    graded = grade(weak_with(tmp_path, name, helpers, class_line), tmp_path / "out", 1, "2026", QUICK, quiet=True,
+                   only=(ZERO,))
+    assert points(graded, ZERO) <= WEAK_CAP + 1e-9, unpassed(graded)
+    point_tests = [t for t in graded.tests if "test_state_is_sharded" in t.name or "test_every_rank_keeps" in t.name]
+    assert point_tests and not any(t.passed for t in point_tests), unpassed(graded)
+
+
+def test_a_deep_tree_and_a_link_are_removed_without_recursion_or_following(tmp_path):
+    """6000 folders deep (shutil.rmtree raised RecursionError, ignore_errors or not), a file at
+    every thousandth, and a link to a folder outside that must survive."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("kept")
+    top = tmp_path / "left"
+    top.mkdir()
+    os.symlink(outside, top / "link")
+    fd = os.open(top, os.O_RDONLY)
+    for depth in range(6000):
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+        if depth % 1000 == 0:
+            os.close(os.open("f", os.O_WRONLY | os.O_CREAT, dir_fd=fd))
+    os.close(fd)
+    assert remove_tree(str(top)) and not top.exists()
+    assert (outside / "keep").read_text() == "kept"
+
+
+LEFTOVERS = '''
+def _leave_a_mess():
+    """A 3000-deep tree in the working folder and the home, and a home filled to its bound."""
+    import os
+    for base in (os.getcwd(), os.environ.get("HOME", "/tmp")):
+        try:
+            fd = os.open(base, os.O_RDONLY)
+            for _ in range(3000):
+                os.mkdir("deep", dir_fd=fd)
+                inner = os.open("deep", os.O_RDONLY, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            os.close(fd)
+        except OSError:
+            pass
+    try:
+        with open(os.path.join(os.environ.get("HOME", "/tmp"), "filler"), "wb") as f:
+            for _ in range(1024):
+                f.write(b"x" * (1 << 20))
+    except OSError:
+        pass
+
+
+_leave_a_mess()
+'''
+
+
+def test_a_submission_that_leaves_a_mess_does_not_change_the_next_grade(tmp_path):
+    """A deep tree and a home filled to its bound at import, in every rank of every test; then
+    the answers, graded after it by the same process, keep their points."""
+    select = "test_matches_single_process"
+    messy = make_submission(tmp_path / "messy")
+    adapters = messy / "tests" / "adapters.py"
+    adapters.write_text(adapters.read_text() + LEFTOVERS)
+    first = grade(messy, tmp_path / "out-messy", 1, "2025", QUICK, quiet=True, only=(PER_PARAMETER,), select=select)
+    assert points(first, PER_PARAMETER) > 0, unpassed(first)
+    after = grade(make_submission(tmp_path / "after"), tmp_path / "out-after", 1, "2025", QUICK, quiet=True,
+                  only=(PER_PARAMETER,), select=select)
+    assert points(after, PER_PARAMETER) == points(first, PER_PARAMETER), unpassed(after)
+
+
+PROBE = "sealed-dep-probe"
+
+
+def wheelhouse(folder: Path) -> Path:
+    """A folder holding one pure-Python wheel, ``sealed-dep-probe`` 1.0 (its module returns
+    what it is given), made here: the course's wheelhouse, no network needed."""
+    folder.mkdir()
+    files = {"sealed_dep_probe/__init__.py": b"def checked(value):\n    return value\n",
+             "sealed_dep_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: sealed-dep-probe\nVersion: 1.0\n",
+             "sealed_dep_probe-1.0.dist-info/WHEEL":
+                 b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},"
+                     f"{len(data)}\n" for name, data in files.items()) + "sealed_dep_probe-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(folder / "sealed_dep_probe-1.0-py3-none-any.whl", "w") as wheel:
+        for name, data in {**files, "sealed_dep_probe-1.0.dist-info/RECORD": record.encode()}.items():
+            wheel.writestr(name, data)
+    return folder
+
+
+def declaring(tmp_path: Path) -> Path:
+    """The answers whose DDP imports a package its pyproject.toml declares (pinned by its uv.lock)."""
+    tree = make_submission(tmp_path / "declaring")
+    (tree / "pyproject.toml").write_text(f'[project]\nname = "student"\nversion = "0.1"\ndependencies = ["torch", "{PROBE}"]\n')
+    (tree / "uv.lock").write_text(f'version = 1\n\n[[package]]\nname = "{PROBE}"\nversion = "1.0"\n')
+    return apply_edits(tree, "declaring", [(PER_PARAMETER_FILE, "\nimport torch\n",
+                                            "\nimport sealed_dep_probe  # noqa: F401\nimport torch\n")])
+
+
+def test_a_declared_package_is_installed_for_the_submission_or_held_with_its_name(tmp_path, monkeypatch):
+    tree = declaring(tmp_path)
+    assert packages.missing(tree, []) == [f"{PROBE}==1.0"]
+    select = "test_matches_single_process"
+    monkeypatch.setenv(packages.WHEELHOUSE_ENV, str(wheelhouse(tmp_path / "wheels")))
+    installed = grade(tree, tmp_path / "out-installed", 1, "2025", QUICK, quiet=True, only=(PER_PARAMETER,),
+                      select=select)
+    assert points(installed, PER_PARAMETER) > 0 and not any(t.held for t in installed.tests), unpassed(installed)
+    text = (tmp_path / "out-installed" / "grade.md").read_text()
+    assert f"Installed for this submission (declared in its pyproject.toml, not in the grader's environment): " \
+           f"{PROBE}==1.0" in text
+    assert text.splitlines()[2].startswith("Guarantees on this grader: "), text[:400]
+    empty = tmp_path / "no-wheels"
+    empty.mkdir()
+    monkeypatch.setenv(packages.WHEELHOUSE_ENV, str(empty))
+    unavailable = grade(tree, tmp_path / "out-held", 1, "2025", QUICK, quiet=True, only=(PER_PARAMETER,), select=select)
+    tests = [t for t in unavailable.tests if t.problem == PER_PARAMETER and not t.beyond]
+    assert tests and all(t.held and f"needs package {PROBE}, declared in pyproject.toml" in t.output for t in tests), \
+        unpassed(unavailable)
+    assert f"Needs package {PROBE}, declared in pyproject.toml" in (tmp_path / "out-held" / "grade.md").read_text()
