@@ -53,10 +53,16 @@ endif
 autograder: env ## autograder.zip for Gradescope (EDITION=2026|2025, default 2026: the course's rubric): setup.sh, run_autograder, the grader
 	$(PY) -m grading.course.autograder autograder.zip $(or $(EDITION),2026)
 
+# On a quiet machine: the answers beside 93fe110's grader, and beside the answers with ordinary imports
+# (scripts/footprint.py; about 15 min on 2 cores). One setting of your own:
 # python -m tests.answers_fixture /tmp/answers  (the answers as a submission), then
 # make footprint FOOTPRINT_ARGS="--submissions /tmp/answers --quotas 1 0.5 --repeats 2 --out writeup/footprint/<tag>/x.json"
-footprint: env ## what grading a submission costs at Gradescope's settings (cgroup: peak memory, CPU, wall time)
+footprint: env ## what grading costs (cgroup: CPU, wall time, peak memory), beside 93fe110's grader and with ordinary imports
+ifneq ($(FOOTPRINT_ARGS),)
 	$(PY) scripts/measure_grading.py $(FOOTPRINT_ARGS)
+else
+	$(PY) scripts/footprint.py
+endif
 
 bench: env ## CPU benchmarks with gloo on this machine (about 20 min on 2 cores), then the writeup
 	$(PY) scripts/run_benchmarks.py --suite cpu

@@ -13,6 +13,7 @@ once: the ranks forked from one server share most of torch). The results file re
     python -m tests.answers_fixture /tmp/answers   # the answers as a submission (must not exist)
     python scripts/measure_grading.py --submissions /tmp/answers --cpus 0 --quotas 1 0.5
     python scripts/measure_grading.py --submissions path/to/slow --labels slow --runs 3 --hogs 3 --out /tmp/f.json
+    python scripts/measure_grading.py --submissions /tmp/answers --graders 93fe110 --quotas 0.5 --runs 3
 
 Needs root (or a delegated cgroup) for the cgroup; without one it measures by polling only. The
 README's numbers: ``writeup/footprint/<machine tag>/``, with this interpreter's torch (Gradescope
@@ -67,6 +68,8 @@ class GradingRun:
     anon_pss_sum_peak_mb: float = 0.0  # the part no limit can reclaim (no file behind it)
     processes_peak: int = 0
     log_tail: list[str] = field(default_factory=list)  # the suite's last lines, when a test failed
+    grader: str = "HEAD"  # the grader's git revision (HEAD: this checkout as it is)
+    pair: int = 1  # the round: every grader's run of a submission in one round follows the others'
 
 
 class Cgroup:
@@ -131,7 +134,7 @@ def _rollup(pid: int) -> dict[str, int]:
 
 
 def measure(submission: Path, label: str, cpus: str, quota: float | None, memory_limit_mb: int | None, hogs: int,
-            repeats: int, edition: str | None) -> GradingRun:
+            repeats: int, edition: str | None, grader: Path = REPO) -> GradingRun:
     cpu_set = {int(c) for c in cpus.split(",")}
     try:
         group: Cgroup | None = Cgroup(f"grading-measure-{os.getpid()}-{time.monotonic_ns()}", quota, memory_limit_mb)
@@ -155,7 +158,7 @@ def measure(submission: Path, label: str, cpus: str, quota: float | None, memory
     run = GradingRun(label, cpus, quota, memory_limit_mb, hogs, repeats, 0.0, None, 0.0)
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(command, cwd=REPO, preexec_fn=confine, stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen(command, cwd=grader, preexec_fn=confine, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         root = psutil.Process(proc.pid)
         while proc.poll() is None:
@@ -194,6 +197,23 @@ def measure(submission: Path, label: str, cpus: str, quota: float | None, memory
     return run
 
 
+def _graders(revisions: tuple[str, ...]) -> dict[str, Path]:
+    """This checkout (HEAD) and each revision's tree (``git archive``, in a folder removed at
+    exit): where ``python -m grading`` runs for it, with this interpreter's packages."""
+    import atexit
+
+    folders = {"HEAD": REPO}
+    for rev in revisions:
+        if rev == "HEAD":
+            continue
+        folder = Path(tempfile.mkdtemp(prefix=f"grader-{rev.replace('/', '_')}-"))
+        atexit.register(shutil.rmtree, folder, True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+        folders[rev] = folder
+    return folders
+
+
 CPU_LIST = cli.Word(r"[0-9]+(,[0-9]+)*", "CPU numbers separated by commas, e.g. 0 or 0,1")
 
 
@@ -214,6 +234,9 @@ class MeasureSetting:
     repeats: int = field(default=1, metadata=cli.count("REPEATS of the grading", maximum=100))
     runs: int = field(default=1, metadata=cli.count("runs of each setting", maximum=1000))
     edition: str | None = field(default=None, metadata=cli.choice("the edition to grade", ("2025", "2026")))
+    graders: tuple[str, ...] = field(default=(), metadata=cli.option(
+        "git revisions whose grader grades each submission too, interleaved run by run with this "
+        "checkout's (HEAD: this checkout as it is)", cli.Word(r"[0-9A-Za-z._/-]+", "a git revision"), many=True))
     out: Path = field(default=Path("writeup/footprint/grading.json"), metadata=cli.option(
         "the results file (JSON; not under writeup/results, which the writeup reads)", cli.OutputFile()))
 
@@ -236,22 +259,25 @@ def main(argv: list[str] | None = None) -> int:
     setting, _ = build_parser().parse_settings(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the cgroup's processes are then killed on the way out
     runs = []
-    for i, submission in enumerate(setting.submissions):
+    graders = _graders(setting.graders)
+    order = [(r, i, quota, rev) for r in range(setting.runs) for i in range(len(setting.submissions))
+             for quota in setting.quotas or (None,) for rev in graders]
+    for pair, i, quota, rev in order:  # interleaved: a drift in the machine's speed falls on every grader alike
+        submission = setting.submissions[i]
         label = setting.labels[i] if i < len(setting.labels) else submission.resolve().name
-        for quota in setting.quotas or (None,):
-            for _ in range(setting.runs):
-                run = measure(submission.resolve(), label, setting.cpus, quota, setting.memory_limit_mb, setting.hogs,
-                              setting.repeats, setting.edition)
-                runs.append(run)
-                memory = f"{run.cgroup_peak_mb:.0f}" if run.cgroup_peak_mb is not None else "-"
-                cpu = f" ({run.cpu_s:.1f} s of CPU)" if run.cpu_s is not None else ""
-                print(f"{label}: cpus {setting.cpus}, quota {quota}, hogs {setting.hogs}: {run.wall_s:.1f} s{cpu}, "
-                      f"score {run.score}/{run.possible}, cgroup peak {memory} MB, summed RSS "
-                      f"{run.rss_sum_peak_mb:.0f} MB, PSS {run.pss_sum_peak_mb:.0f} MB (anonymous {run.anon_pss_sum_peak_mb:.0f} MB), "
-                      f"{run.processes_peak} processes",
-                      flush=True)
-                for line in [*run.failed[:3], *run.log_tail]:
-                    print(f"    {line}")
+        run = measure(submission.resolve(), label, setting.cpus, quota, setting.memory_limit_mb, setting.hogs,
+                      setting.repeats, setting.edition, graders[rev])
+        run.grader, run.pair = rev, pair + 1
+        runs.append(run)
+        memory = f"{run.cgroup_peak_mb:.0f}" if run.cgroup_peak_mb is not None else "-"
+        cpu = f" ({run.cpu_s:.1f} s of CPU)" if run.cpu_s is not None else ""
+        print(f"{label} (grader {rev}): cpus {setting.cpus}, quota {quota}, hogs {setting.hogs}: {run.wall_s:.1f} s{cpu}, "
+              f"score {run.score}/{run.possible}, cgroup peak {memory} MB, summed RSS "
+              f"{run.rss_sum_peak_mb:.0f} MB, PSS {run.pss_sum_peak_mb:.0f} MB (anonymous {run.anon_pss_sum_peak_mb:.0f} MB), "
+              f"{run.processes_peak} processes",
+              flush=True)
+        for line in [*run.failed[:3], *run.log_tail]:
+            print(f"    {line}")
     document = {"kind": "grading_footprint", "environment": asdict(collect_environment("gloo", 3, "cpu")),
                 "memory_mb": psutil.virtual_memory().total // MB, "poll_s": POLL_S,
                 "setting": {k: [str(x) for x in v] if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v

@@ -78,6 +78,60 @@ def build_answers_submission(dst: Path) -> Path:
     return dst
 
 
+# What ordinary submissions import (tests/test_grading_fairness.py, make footprint): the course's model
+# module's imports (2026 release: a stand-in importing the same libraries at module level, before our
+# small model), a module with a torch.compile'd function, and a plotting module.
+COURSE_IMPORTS = "import einx  # noqa: F401\nfrom einops import einsum, rearrange  # noqa: F401\n" \
+                 "from jaxtyping import Bool, Float, Int  # noqa: F401\n"
+
+COMPILED = '''"""A FlashAttention forward in PyTorch, compiled as the handout asks."""
+import math
+
+import torch
+
+
+@torch.compile
+def flash_forward(q, k, v, is_causal: bool = False):
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return torch.softmax(s, dim=-1) @ v
+'''
+
+PLOTS = '''"""Benchmark plots."""
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def plot(xs, ys, path):
+    fig, ax = plt.subplots()
+    ax.plot(np.asarray(xs), np.asarray(ys))
+    fig.savefig(path)
+'''
+
+
+
+def with_imports(tree: Path, *which: str) -> Path:
+    """``tree`` (the answers' submission) whose model module or adapters also import what
+    ordinary submissions import: "course" (the course model's libraries), "compile" (a
+    ``torch.compile``'d FlashAttention), "plots" (matplotlib and numpy)."""
+    if "course" in which:
+        model = tree / "cs336-basics" / "cs336_basics" / "model.py"
+        model.write_text(COURSE_IMPORTS + model.read_text())
+    added = {"compile": ("flash.py", COMPILED, "from cs336_systems.flash import flash_forward  # noqa: F401\n"),
+             "plots": ("plots.py", PLOTS, "from cs336_systems.plots import plot  # noqa: F401\n")}
+    adapters = tree / "tests" / "adapters.py"
+    for name in which:
+        if name in added:
+            file, text, line = added[name]
+            (tree / "cs336_systems" / file).write_text(text)
+            adapters.write_text(adapters.read_text().replace(
+                "from cs336_systems.answers import adapters as answers\n",
+                "from cs336_systems.answers import adapters as answers\n" + line))
+    return tree
+
+
 # The mutants tests/test_grading.py grades, by name: edits (file, old text, new text) of the answers'
 # tree, each old text present exactly once.
 A = "cs336_systems/answers/"
@@ -269,6 +323,6 @@ def apply_mutant(tree: Path, mutant: str) -> Path:
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m tests.answers_fixture DST  (DST must not exist)")
-    print(build_answers_submission(Path(sys.argv[1])))
+    if len(sys.argv) < 2:
+        sys.exit("usage: python -m tests.answers_fixture DST [course] [compile] [plots]  (DST must not exist)")
+    print(with_imports(build_answers_submission(Path(sys.argv[1])), *sys.argv[2:]))

@@ -20,40 +20,10 @@ from pathlib import Path
 import pytest
 
 from grading.harness import grade
+from tests.answers_fixture import with_imports
 from tests.test_grading import FSDP, QUICK, ZERO, make_submission, points, unpassed
 
 pytestmark = pytest.mark.problem("beyond")
-
-# The course's model module opens with these imports (2026 release): a stand-in that imports the
-# same libraries at module level, before our small model.
-COURSE_IMPORTS = "import einx  # noqa: F401\nfrom einops import einsum, rearrange  # noqa: F401\n" \
-                 "from jaxtyping import Bool, Float, Int  # noqa: F401\n"
-
-COMPILED = '''"""A FlashAttention forward in PyTorch, compiled as the handout asks."""
-import math
-
-import torch
-
-
-@torch.compile
-def flash_forward(q, k, v, is_causal: bool = False):
-    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    return torch.softmax(s, dim=-1) @ v
-'''
-
-PLOTS = '''"""Benchmark plots."""
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-
-def plot(xs, ys, path):
-    fig, ax = plt.subplots()
-    ax.plot(np.asarray(xs), np.asarray(ys))
-    fig.savefig(path)
-'''
 
 UNUSED = '''"""Helpers kept for later, never called while the suite runs."""
 import ctypes
@@ -88,17 +58,12 @@ def _talk():
 def ordinary(tmp_path: Path) -> Path:
     """The answers with the course's model imports, a compiled, a plotting and an unused helpers'
     module imported by the adapters, and a constructor that prints 2 MiB."""
-    tree = make_submission(tmp_path)
-    model = next((tree / "cs336-basics" / "cs336_basics").glob("model.py"))
-    model.write_text(COURSE_IMPORTS + model.read_text())
-    (tree / "cs336_systems" / "flash.py").write_text(COMPILED)
-    (tree / "cs336_systems" / "plots.py").write_text(PLOTS)
+    tree = with_imports(make_submission(tmp_path), "course", "compile", "plots")
     (tree / "cs336_systems" / "unused.py").write_text(UNUSED)
     adapters = tree / "tests" / "adapters.py"
     text = adapters.read_text().replace(
         "from cs336_systems.answers import adapters as answers\n",
-        "from cs336_systems.answers import adapters as answers\nfrom cs336_systems.flash import flash_forward  # noqa: F401\n"
-        "from cs336_systems.plots import plot  # noqa: F401\nfrom cs336_systems.unused import load_checkpoint  # noqa: F401\n"
+        "from cs336_systems.answers import adapters as answers\nfrom cs336_systems.unused import load_checkpoint  # noqa: F401\n"
         + TALK)
     for name in ("get_fsdp", "get_sharded_optimizer"):
         text = text.replace(f"def {name}(*args, **kwargs):\n", f"def {name}(*args, **kwargs):\n    _talk()\n")

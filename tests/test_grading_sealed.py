@@ -145,17 +145,32 @@ def weak_with(tmp_path: Path, name: str, helpers: str, class_line: str = "") -> 
     return apply_edits(tree, name, edits)
 
 
-@pytest.mark.parametrize("name,helpers,class_line", [
-    ("storage", PARK_ON_DISK, ""),
-    ("helper", PARK_IN_HELPER, ""),
-    ("class_attribute", PARK_IN_CLASS, "    vault: dict = {}\n"),
-], ids=["storage", "helper", "class_attribute"])
-def test_state_parked_out_of_sight_earns_no_more_than_the_weak_code(tmp_path, name, helpers, class_line):
-    graded = grade(weak_with(tmp_path, name, helpers, class_line), tmp_path / "out", 1, "2026", QUICK, quiet=True,
-                   only=(ZERO,))
-    assert points(graded, ZERO) <= WEAK_CAP + 1e-9, unpassed(graded)
-    point_tests = [t for t in graded.tests if "test_state_is_sharded" in t.name or "test_every_rank_keeps" in t.name]
-    assert point_tests and not any(t.passed for t in point_tests), unpassed(graded)
+POINT_TESTS = "test_state_is_sharded or test_every_rank_keeps_its_share"
+
+
+@pytest.mark.parametrize("name,helpers", [("storage", PARK_ON_DISK), ("helper", PARK_IN_HELPER)],
+                         ids=["storage", "helper"])
+def test_state_parked_out_of_sight_fails_or_holds_the_point_tests(tmp_path, name, helpers):
+    """Storage and a helper whose main thread left: the tests of what the problem is named for
+    pass on neither (each is held, the reading and the rank's own tensors disagreeing, or fails)."""
+    graded = grade(weak_with(tmp_path, name, helpers), tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(ZERO,),
+                   select=POINT_TESTS)
+    point_tests = [t for t in graded.tests if t.problem == ZERO and not t.beyond]
+    assert point_tests and not any(t.passed for t in point_tests) and points(graded, ZERO) == 0, unpassed(graded)
+
+
+def test_a_hold_on_a_point_test_caps_the_problem(tmp_path):
+    """State kept in a class attribute (the in-rank count does not walk classes): both point
+    tests are held, and a held point test counts as not passed, so the other 7 points are capped
+    at 5, as the weak code's; grade.md gives the total were the holds released."""
+    out = tmp_path / "out"
+    graded = grade(weak_with(tmp_path, "class_attribute", PARK_IN_CLASS, "    vault: dict = {}\n"), out, 1, "2026", QUICK,
+                   quiet=True, only=(ZERO,))
+    held = [t for t in graded.tests if t.problem == ZERO and t.held]
+    row = next(r for r in graded.rows if r.problem == ZERO)
+    assert held and points(graded, ZERO) == pytest.approx(WEAK_CAP) and row.capped, unpassed(graded)
+    assert row.held == pytest.approx(15 - WEAK_CAP), row
+    assert "15.0 if a TA releases every hold" in (out / "grade.md").read_text()
 
 
 def test_a_deep_tree_and_a_link_are_removed_without_recursion_or_following(tmp_path):
@@ -207,20 +222,6 @@ _leave_a_mess()
 '''
 
 
-def test_a_submission_that_leaves_a_mess_does_not_change_the_next_grade(tmp_path):
-    """A deep tree and a home filled to its bound at import, in every rank of every test; then
-    the answers, graded after it by the same process, keep their points."""
-    select = "test_matches_single_process"
-    messy = make_submission(tmp_path / "messy")
-    adapters = messy / "tests" / "adapters.py"
-    adapters.write_text(adapters.read_text() + LEFTOVERS)
-    first = grade(messy, tmp_path / "out-messy", 1, "2025", QUICK, quiet=True, only=(PER_PARAMETER,), select=select)
-    assert points(first, PER_PARAMETER) > 0, unpassed(first)
-    after = grade(make_submission(tmp_path / "after"), tmp_path / "out-after", 1, "2025", QUICK, quiet=True,
-                  only=(PER_PARAMETER,), select=select)
-    assert points(after, PER_PARAMETER) == points(first, PER_PARAMETER), unpassed(after)
-
-
 PROBE = "sealed-dep-probe"
 
 
@@ -249,18 +250,34 @@ def declaring(tmp_path: Path) -> Path:
                                             "\nimport sealed_dep_probe  # noqa: F401\nimport torch\n")])
 
 
-def test_a_declared_package_is_installed_for_the_submission_or_held_with_its_name(tmp_path, monkeypatch):
+def full(graded, problem: str) -> float:
+    return sum(t.max_score for t in graded.tests if t.problem == problem and not t.beyond)
+
+
+def test_after_a_mess_a_declared_package_is_installed_or_held_with_its_name(tmp_path, monkeypatch):
+    """Three gradings by one process. A submission that leaves a deep tree in its working folder
+    and its home, and fills its home to its bound, in every rank of every test; then the next
+    submission, whose DDP imports a package its pyproject.toml declares and this environment
+    lacks, is graded as if alone: the package installed from the course's wheelhouse, every
+    point. With an empty wheelhouse its tests are held, the package named, never zeroed."""
+    select = "test_matches_single_process"
+    messy = make_submission(tmp_path / "messy")
+    adapters = messy / "tests" / "adapters.py"
+    adapters.write_text(adapters.read_text() + LEFTOVERS)
+    first = grade(messy, tmp_path / "out-messy", 1, "2025", QUICK, quiet=True, only=(PER_PARAMETER,), select=select)
+    assert points(first, PER_PARAMETER) == full(first, PER_PARAMETER), unpassed(first)
+
     tree = declaring(tmp_path)
     assert packages.missing(tree, []) == [f"{PROBE}==1.0"]
-    select = "test_matches_single_process"
     monkeypatch.setenv(packages.WHEELHOUSE_ENV, str(wheelhouse(tmp_path / "wheels")))
     installed = grade(tree, tmp_path / "out-installed", 1, "2025", QUICK, quiet=True, only=(PER_PARAMETER,),
                       select=select)
-    assert points(installed, PER_PARAMETER) > 0 and not any(t.held for t in installed.tests), unpassed(installed)
+    assert points(installed, PER_PARAMETER) == full(installed, PER_PARAMETER), unpassed(installed)
     text = (tmp_path / "out-installed" / "grade.md").read_text()
     assert f"Installed for this submission (declared in its pyproject.toml, not in the grader's environment): " \
            f"{PROBE}==1.0" in text
     assert text.splitlines()[2].startswith("Guarantees on this grader: "), text[:400]
+
     empty = tmp_path / "no-wheels"
     empty.mkdir()
     monkeypatch.setenv(packages.WHEELHOUSE_ENV, str(empty))
