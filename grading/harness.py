@@ -254,6 +254,8 @@ def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, lim
         "GRADING_SUBMISSION_ROOTS": os.pathsep.join(map(str, roots)),
         **({packages.LAYER_ENV: str(layer)} if layer else {}),
         packages.PRELOAD_ENV: ",".join(preload),
+        **({sandbox.PRIVATE_STORAGE_ENV: "0"} if not sandbox.user_namespaces_allowed() else {}),
+        **({sandbox.DISK_ENV: os.pathsep.join(map(str, writable))} if not read_only else {}),
         "GRADING_TEST_TIMEOUT": str(limits.test_timeout_s),
         "GRADING_HIDE": str(GRADER_DIR.parent),  # this repository, if installed: never the submission's
         "GRADING_WRITABLE": os.pathsep.join(map(str, writable)),

@@ -21,13 +21,18 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
+import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from grading.harness import grade
+from grading.isolation import sandbox, student
 from grading.isolation.scrub import remove_tree
 from grading.intake import packages
 from tests.answers_fixture import PER_PARAMETER_FILE, ZERO_FILE, apply_edits
@@ -35,6 +40,7 @@ from tests.test_grading import PER_PARAMETER, QUICK, ZERO, make_submission, poin
 
 pytestmark = pytest.mark.problem("beyond")
 
+REPO = Path(__file__).resolve().parent.parent
 WEAK_CAP = 5.0  # optimizer_state_sharding's cap: what the unsharded optimizer honestly earns at most
 STEP = "        loss = self.local.step(closure, **kwargs)\n"
 
@@ -148,15 +154,40 @@ def weak_with(tmp_path: Path, name: str, helpers: str, class_line: str = "") -> 
 POINT_TESTS = "test_state_is_sharded or test_every_rank_keeps_its_share"
 
 
-@pytest.mark.parametrize("name,helpers", [("storage", PARK_ON_DISK), ("helper", PARK_IN_HELPER)],
-                         ids=["storage", "helper"])
-def test_state_parked_out_of_sight_fails_or_holds_the_point_tests(tmp_path, name, helpers):
+@pytest.mark.parametrize("name,helpers,on_disk", [("storage", PARK_ON_DISK, False), ("helper", PARK_IN_HELPER, False),
+                                                   ("storage_on_disk", PARK_ON_DISK, True)],
+                         ids=["storage", "helper", "storage_on_disk"])
+def test_state_parked_out_of_sight_fails_or_holds_the_point_tests(tmp_path, name, helpers, on_disk):
     """Storage and a helper whose main thread left: the tests of what the problem is named for
-    pass on neither (each is held, the reading and the rank's own tensors disagreeing, or fails)."""
-    graded = grade(weak_with(tmp_path, name, helpers), tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(ZERO,),
-                   select=POINT_TESTS)
+    pass on neither (each is held, the reading and the rank's own tensors disagreeing, or fails).
+    ``storage_on_disk``: graded as where a container refuses user namespaces (no tmpfs of the
+    rank's own: its file is on disk and dropped from the page cache, in no memory reading); the
+    files the ranks' uid holds are read with each rank's memory (outside.stored_on_disk), and the
+    answers keep those points there."""
+    tree = weak_with(tmp_path, name, helpers)
+    if on_disk:
+        graded = as_a_container(tree, tmp_path / "out")
+        assert graded["points"] == {ZERO: 0.0} and len(graded["outputs"]) == 3, graded["outputs"]
+        honest = as_a_container(make_submission(tmp_path / "honest"), tmp_path / "out-honest")
+        assert honest["points"] == {ZERO: 15.0}, honest["outputs"]  # the selected tests share the 15 points
+        return
+    graded = grade(tree, tmp_path / "out", 1, "2026", QUICK, quiet=True, only=(ZERO,), select=POINT_TESTS)
     point_tests = [t for t in graded.tests if t.problem == ZERO and not t.beyond]
     assert point_tests and not any(t.passed for t in point_tests) and points(graded, ZERO) == 0, unpassed(graded)
+
+
+def as_a_container(tree: Path, out: Path) -> dict:
+    """Graded as in Gradescope's container: as root, no namespaces, no user namespace for a rank's
+    own storage (tests/fallback_grade.py, ``GRADING_PRIVATE_STORAGE=0``); its summary."""
+    if not student.can_switch() or shutil.which("unshare") is None:
+        pytest.skip("the container's mode needs root")
+    args = {"submission": str(tree), "out": str(out), "edition": "2026", "only": [ZERO], "select": POINT_TESTS,
+            "test_timeout_s": QUICK.test_timeout_s, "submission_timeout_s": QUICK.submission_timeout_s}
+    done = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-m", "tests.fallback_grade",
+                           json.dumps(args)], capture_output=True, text=True, timeout=900, cwd=REPO,
+                          env={**os.environ, sandbox.PRIVATE_STORAGE_ENV: "0"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])[tree.name]
 
 
 def test_a_hold_on_a_point_test_caps_the_problem(tmp_path):

@@ -127,7 +127,7 @@ class Containment:
         """grade.md's first line: which of the sealed rank's guarantees held on this grader
         (grading/README.md, "What each mode guarantees")."""
         held = [("storage", "each rank's storage a bounded tmpfs of its own, charged to its memory" if private_storage
-                 else "no storage of each rank's own: its files are on disk, and the files it writes are witnessed"),
+                 else "no storage of each rank's own: the files its uid holds on disk are read with its memory"),
                 ("memory", "each rank's memory read from its own memory cgroup, every process and task in it"
                  if self.share.memory else "no memory cgroup: each rank's memory read from /proc, its processes only"),
                 ("traffic", "the bytes ranks carry read from their own loopback" if self.namespaces
@@ -160,7 +160,8 @@ class Containment:
             os.chmod(scratch, 0o711)
             os.chmod(out, 0o700)
         keep_real = sorted({os.path.realpath(p) for p in [*keep, *python] if os.path.exists(p)})
-        closed = sorted({a for p in keep_real for a in _closed_ancestors(p)})
+        closed = sorted({a for p in keep_real for a in _closed_ancestors(p)  # the student's own it may enter
+                         if not (self.student and os.stat(a).st_uid == self.student.uid)})
         if self.student and closed and not self.namespaces:
             raise ContainmentError(f"the student uid cannot enter {closed[0]} (on the way to Python or its "
                                    "packages): install them where any user can read them, or grade with namespaces")

@@ -126,6 +126,36 @@ def kill_all(uid: int, timeout_s: float = 30.0) -> bool:
     return True
 
 
+def disk_bytes(uid: int, folders: list[str], budget: int = 4 * MAX_ENTRIES) -> int | None:
+    """What ``uid``'s files hold on the storage under ``folders`` and the shared folders, in bytes
+    (allocated blocks: a sparse file holds only what it wrote), entering only the folders it may
+    write in (its own, or anyone's); None past ``budget`` entries, too many to read at a pause.
+    Where ranks have no tmpfs of their own (no user namespace), a file synced and dropped from the
+    page cache is in no memory reading: this is its reading (outside.read_stopped)."""
+    total, seen, queue = 0, 0, [f for f in [*folders, *SHARED_FOLDERS] if os.path.isdir(f) and not os.path.islink(f)]
+    while queue:
+        folder = queue.pop()
+        try:
+            entries = os.scandir(folder)
+        except OSError:
+            continue
+        with entries:
+            for entry in entries:
+                seen += 1
+                if seen > budget:
+                    return None
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISDIR(info.st_mode):
+                    if info.st_uid == uid or info.st_mode & 0o002:
+                        queue.append(entry.path)
+                elif info.st_uid == uid and stat.S_ISREG(info.st_mode):
+                    total += info.st_blocks * 512
+    return total
+
+
 def remove_files(uid: int) -> list[str]:
     """Remove what ``uid`` left in the world-writable folders; the paths removed.
 

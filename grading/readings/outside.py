@@ -37,7 +37,7 @@ import signal
 import sys
 import time
 
-from grading.isolation import wire
+from grading.isolation import sandbox, wire
 from grading.isolation.rank_cgroups import memory_kb
 
 KEY = "outside"  # a report's entry the grader fills with its readings
@@ -152,6 +152,19 @@ def resident_bytes(pid: int) -> dict[str, int] | None:
     return {"bytes": anon + shmem, "anon": anon, "shmem": shmem, "processes": len(processes)}
 
 
+def stored_on_disk() -> int | None:
+    """Where ranks keep their files on disk (``DISK_ENV``: no user namespace for a tmpfs of their
+    own), what the ranks' uid holds in files: a file synced and dropped from the page cache holds
+    what no memory reading sees (student.disk_bytes; the ranks of a test share the uid, so each
+    rank's reading counts them all). None elsewhere, or past the scan's budget."""
+    uid = os.environ.get("GRADING_STUDENT_UID")
+    if not os.environ.get(sandbox.DISK_ENV) or not uid:
+        return None
+    from grading.isolation import student
+
+    return student.disk_bytes(int(uid), [p for p in os.environ.get(sandbox.DISK_ENV, "").split(os.pathsep) if p])
+
+
 def read_stopped(pid: int, label: str, cgroup_read=None) -> dict:
     """Grader side: wait for the stopped rank, read it, let it go on. With ``cgroup_read`` (the
     rank's memory cgroup, rank_cgroups.py), ``bytes`` is that cgroup's charge, and the resident
@@ -172,6 +185,11 @@ def read_stopped(pid: int, label: str, cgroup_read=None) -> dict:
                 reading.update(charged, resident=memory["bytes"])
         elif _state(pid) == "T":  # no one woke it while it was read
             reading.update(memory, source="resident")
+        if "bytes" in reading and (on_disk := stored_on_disk()) is not None:
+            reading.update(bytes=reading["bytes"] + on_disk, disk=on_disk)
+        elif "bytes" in reading and os.environ.get(sandbox.DISK_ENV):
+            reading = {"label": label, "at": reading["at"],
+                       "grader_error": "the files the ranks' uid holds are too many to read at a pause"}
     try:
         os.kill(pid, signal.SIGCONT)
     except (ProcessLookupError, PermissionError):
