@@ -157,6 +157,11 @@ def setting_line(env: Environment, source: str, *, device_type: str | None = Non
     return "*Setting: " + " · ".join(items) + ".*"
 
 
+def model_name(size: str) -> str:
+    """A results file's model size in words: "xl" is the 2025 handout's (the 2026 one's xl is larger)."""
+    return "xl of the 2025 handout" if size == "xl" else size
+
+
 def run_heading(machine: Any, results: Any) -> str:
     """``### Machine `tag` `` and, when the file is not its kind's default one, the file too."""
     extra = "" if results.name == results.kind else f" · `{results.path.name}`"
@@ -166,7 +171,7 @@ def run_heading(machine: Any, results: Any) -> str:
 def workload_setting_line(results: Any, *extra: str) -> str:
     """:func:`setting_line` for a run that trained the LM: backend, ranks, model, batch, then ``extra``."""
     env, setting = results.environment, results.setting
-    parts = [f"backend {env.backend}", f"world size {env.world_size}", f"model {setting.get('model_size', '?')}",
+    parts = [f"backend {env.backend}", f"world size {env.world_size}", f"model {model_name(setting.get('model_size', '?'))}",
              f"global batch {setting.get('global_batch', '?')} × context {setting.get('context_length', '?')}",
              *extra]
     return setting_line(env, results.source, parts=parts)

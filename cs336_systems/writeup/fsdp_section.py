@@ -10,7 +10,7 @@ their paired 95% interval. Words in ``templates/answers/fsdp_accounting.md.j2`` 
 
 from __future__ import annotations
 
-from cs336_basics.model import expected_parameter_count, model_config
+from cs336_basics.model import EDITION_MODEL_SIZES, expected_parameter_count
 from cs336_systems.bench.fsdp.configurations import DESCRIPTIONS
 from cs336_systems.bench.fsdp.memory import FsdpMemoryRecord
 from cs336_systems.capacity.handout import HANDOUT_PRECISION
@@ -29,6 +29,7 @@ from cs336_systems.writeup.paired import Paired, signed_ms
 
 KIND = FsdpStepRecord.KIND
 HANDOUT_MODEL = "xl"  # the handout's model for fsdp_accounting
+EDITION = "2026"  # fsdp_accounting is the 2026 handout's, and so is its xl (not the 2025 one's)
 NAMES = {DDP: "DDP", ZERO1: "sharded optimizer", FSDP: "our FSDP", TORCH_FSDP: "torch's FSDP"}
 
 
@@ -78,10 +79,12 @@ def accounting(psi: float, n: int) -> dict[str, float]:
 
 
 def handout_expectation(n: int) -> dict:
-    """fsdp_accounting (a) at the handout's xl: Ψ from the model's formula, the accounting above."""
-    psi = expected_parameter_count(model_config(HANDOUT_MODEL))
+    """fsdp_accounting (a) at the 2026 handout's xl: Ψ from the model's formula, the accounting above."""
+    config = EDITION_MODEL_SIZES[EDITION][HANDOUT_MODEL]
+    psi = expected_parameter_count(config)
     state = accounting(psi, n)
-    return dict(psi=psi, n=n, state=state, saving=state[DDP] - state[FSDP], vs_zero1=state[ZERO1] - state[FSDP])
+    return dict(psi=psi, n=n, state=state, saving=state[DDP] - state[FSDP], vs_zero1=state[ZERO1] - state[FSDP],
+                edition=EDITION, config=config)
 
 
 def memory_runs(ctx: RenderContext) -> list[dict]:
