@@ -32,8 +32,8 @@ def _same_buckets(a: StepRecord, b: StepRecord) -> bool:
 def sweep_verdict(sweep: list[StepRecord], v: dict[str, StepRecord], differences: list[Paired],
                   unfit: str | None = None) -> dict:
     """Which neighbouring sizes are told apart, which sizes beat flat and per-parameter (resolved), the
-    word ("yes": a size below the largest, so short of flat-like, beats both; "in part": some size beats one;
-    "no"; None when the run's times are not evidence, ``unfit`` saying why), the noise (how many comparisons stay unresolved), the wins expected by chance over all of
+    word ("yes": a size below the largest, so short of flat-like, beats both; else "no", the
+    sizes that beat one reference still listed; None when the run's times are not evidence, ``unfit`` saying why), the noise (how many comparisons stay unresolved), the wins expected by chance over all of
     them, and the sizes that built the same buckets as another yet disagree with it against a reference
     (the same plan measured twice: a fact the page states beside the chance, not a discount)."""
     adjacent = differences[:max(len(sweep) - 1, 0)]
@@ -51,5 +51,5 @@ def sweep_verdict(sweep: list[StepRecord], v: dict[str, StepRecord], differences
                  by_chance=by_chance(with_interval, sides=1)) if with_interval else None
     return dict(adjacent=len(adjacent), told_apart=[d for d in adjacent if d.resolved], beats=beats, noise=noise,
                 twins={ref: pairs for ref, pairs in twins.items() if pairs},
-                word=None if unfit else "yes" if middle else "in part" if any(beats.values()) else "no",
+                word=None if unfit else "yes" if middle else "no",
                 middle=middle, unfit=unfit)
