@@ -134,7 +134,7 @@ def test_the_answer_compares_memory_and_time_with_intervals(rendered):
     assert f"the peak by {drops[0]} MB before the step and {drops[1]} MB after it" in answer
     # Sharded minus unsharded per round: 37-43 ms every round (resolved); the optimizer step ±3 ms (not).
     assert "sharded − unsharded per round 40.0 ms (95% interval 37.0 to 43.0 ms), sharded slower" in answer
-    assert "took 80.0 ms unsharded and 80.0 ms sharded (medians; sharded − unsharded per round 0.500 ms, " \
+    assert "took 80.0 ms unsharded, 80.0 ms sharded (medians; sharded − unsharded per round 0.500 ms, " \
            "95% interval -3.00 to 4.00 ms, indistinguishable here)" in answer
 
 
