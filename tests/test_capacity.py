@@ -249,7 +249,7 @@ def test_the_answer_gives_every_part_with_its_numbers(page):
     alpha = 4.6e14 / 1.8e11
     per_device = (F / (4 * 2)) / (F / (64 * alpha) - 1 / (16 * 1)) / 64
     assert f"Compute-bound from {per_device:.1f} tokens per device" in answer
-    assert f"FSDP and TP collectives overlapped ({16 * alpha / 2 / 64:.1f})" in answer
+    assert f"FSDP and TP overlapped ({16 * alpha / 2 / 64:.1f})" in answer
     # The pipeline variant: 4 stages of X = Y = 4 (16 devices each), 16 micro-batches, the bubble against the ideal
     # step. Its floor holds only with a stage's weights resident; gathered per micro-batch, each micro-batch would
     # need the stage's whole floor (the same expression on the stage's mesh).
