@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cs336_basics.model import TransformerConfig, expected_parameter_count, model_config
+from cs336_basics.model import EDITION_MODEL_SIZES, TransformerConfig, expected_parameter_count, model_config
 from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES
 from cs336_systems.bench.step.setting import LEARNING_RATE
 from cs336_systems.writeup import fmt
@@ -64,7 +64,9 @@ def run_facts(results: ResultsFile, compute_only_s: float | None = None) -> dict
         n_xl = expected_parameter_count(xl)
         steps = (facts["warmup"] or 0) + (facts["rounds"] or 0) * (facts["per_round"] or 0)
         step_s = compute_only_s * n_xl / n if compute_only_s else None
+        n_2026 = expected_parameter_count(EDITION_MODEL_SIZES["2026"][HANDOUT_MODEL])
         facts["xl"] = dict(config=xl, n=n_xl, per_rank_bytes=TRAINING_BYTES_PER_PARAMETER * n_xl,
+                           per_rank_bytes_2026=TRAINING_BYTES_PER_PARAMETER * n_2026,
                            bytes_per_parameter=TRAINING_BYTES_PER_PARAMETER, memory=notes.get("host_memory_bytes"),
                            step_s=step_s, hours=step_s * steps * len(results.records) / 3600 if step_s else None)
     return facts
