@@ -37,7 +37,7 @@ from cs336_systems.results.paths import PROFILE_DIR, results_dir, results_path
 from cs336_systems.results.schema import to_json
 from cs336_systems.units import MB
 from cs336_systems.writeup import fmt, render_writeup
-from cs336_systems.writeup.bucketed_section import comparisons, sweep_verdict
+from cs336_systems.writeup.ddp_sections import comparisons, sweep_verdict
 from cs336_systems.writeup.ddp_analysis import bucket_sweep
 from cs336_systems.writeup.ddp_sections import ANSWERED, ddp_step_page
 from cs336_systems.writeup.pages import machines_page

@@ -30,7 +30,7 @@ from cs336_systems.results.paths import results_path
 from cs336_systems.results.schema import to_json
 from cs336_systems.units import MB
 from cs336_systems.writeup import render_writeup
-from cs336_systems.writeup.doctor_section import doctor_page
+from cs336_systems.writeup.pages import doctor_page
 from cs336_systems.writeup.pages import machines_page
 from cs336_systems.writeup.sharding_section import sharding_page
 

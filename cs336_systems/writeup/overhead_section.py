@@ -29,17 +29,15 @@ from cs336_systems.writeup.load import MachineResults, ResultsFile
 from cs336_systems.writeup.overhead_fit import FIT_HEADERS, fit_for_run, fit_row, machine_fits, drawn_ms as _ms
 
 RATIO_BAND = 0.30  # predicted / measured within 1 ± this counts as the model holding
-WORKLOAD_KEYS = ("model_size", "context_length", "global_batch")  # what a profile must share with a step run
 
 
 def profiled_backward(machine: MachineResults, results: ResultsFile) -> tuple[float, float | None, str] | None:
     """(backward alone, backward beside per-parameter DDP's all-reduces, the profile's file): medians over the
     profiled steps of the same machine, backend, ranks and workload; None without such a profile."""
     env = results.environment
-    for f in machine.runs(ProfileRecord.KIND):
+    for f in machine.runs(ProfileRecord.KIND, like=results):
         if (f.environment.backend, f.environment.device_type, f.environment.world_size) != (
-                env.backend, env.device_type, env.world_size) or any(
-                f.setting.get(k) != results.setting.get(k) for k in WORKLOAD_KEYS):
+                env.backend, env.device_type, env.world_size):
             continue
         seconds = {r.variant: statistics.median(t.backward_us for t in r.timelines) * 1e-6 for r in f.records}
         if "naive" in seconds:

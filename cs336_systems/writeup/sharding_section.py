@@ -36,12 +36,8 @@ def _paired(records: list[AccountingRecord], times: str, unfit: str | None) -> P
 def _step_benchmark_naive(machine: MachineResults, results: ResultsFile) -> float | None:
     """The median step of naive DDP in this machine's step benchmark on the same model and batch (the
     same NaiveDDP and AdamW, another run): the answer says why the two differ."""
-    for f in machine.runs("ddp_step"):
-        same = all(f.setting.get(k) == results.setting.get(k) for k in ("model_size", "global_batch", "context_length"))
-        naive = next((r for r in f.records if r.variant == "naive"), None)
-        if same and naive is not None and f.environment.world_size == results.environment.world_size:
-            return naive.median_step_s
-    return None
+    return next((r.median_step_s for f in machine.runs("ddp_step", like=results) for r in f.records
+                 if r.variant == "naive" and f.environment.world_size == results.environment.world_size), None)
 
 
 def _run(machine: MachineResults, results: ResultsFile) -> dict:
