@@ -24,7 +24,7 @@ from cs336_systems.writeup.allreduce_analysis import (
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.coverage import note_gaps
 from cs336_systems.writeup.figures import TWO_PANELS, WIDE, error_bars, log_scale, save
-from cs336_systems.writeup.overhead_fit import fit_with_intervals
+from cs336_systems.writeup.allreduce_analysis import fit_with_intervals
 
 BENCHMARK = AllReduceRecord.KIND
 PROBLEM = "distributed_communication_single_node"

@@ -29,7 +29,7 @@ from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.ddp_analysis import STEP_KIND, bucket_sweep, by_variant, gradient_bytes, run_fit, step_runs
 from cs336_systems.writeup.ddp_figures import bucket_sweep_figure, step_time_figure
 from cs336_systems.writeup.load import MachineResults, ResultsFile
-from cs336_systems.writeup.overhead_fit import fit_for_run
+from cs336_systems.writeup.allreduce_analysis import fit_for_run
 from cs336_systems.writeup.paired import Paired, paired, paired_sync, paired_table, by_chance
 from cs336_systems.writeup.step_setting import ddp_setting_line, run_facts
 
