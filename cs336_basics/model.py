@@ -97,6 +97,19 @@ MODEL_SIZES: dict[str, TransformerConfig] = {
     "2.7B": _size(2560, 10240, 32, 32),
 }
 
+# The 2026 handout's Table 1, where it differs from the 2025 one above (small, medium and large
+# are the same): its xl is the 2025 table's 2.7B shape (about 3.41B parameters with the 10,000-token
+# vocabulary), and it adds a 10B. MODEL_SIZES keeps the 2025 names, which the results files record.
+MODEL_SIZES_2026: dict[str, TransformerConfig] = {
+    "xl": _size(2560, 10240, 32, 32),
+    "10B": _size(4608, 12288, 50, 36),
+}
+# Each edition's model sizes by the handout's names.
+EDITION_MODEL_SIZES: dict[str, dict[str, TransformerConfig]] = {
+    "2025": MODEL_SIZES,
+    "2026": {**MODEL_SIZES, **MODEL_SIZES_2026},
+}
+
 
 def model_config(name: str, context_length: int | None = None) -> TransformerConfig:
     """The config of size ``name`` from :data:`MODEL_SIZES`, with ``context_length`` if given."""

@@ -33,7 +33,7 @@ from cs336_systems.results.environment import collect_environment
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.kinds import read_any
 from cs336_systems.results.schema import to_json
-from cs336_systems.writeup.profile_figure import render_timelines
+from cs336_systems.writeup.profile_section import render_timelines
 
 from .script_checks import interrupted_run_writes_nothing, must_not_start, refused_in_one_line
 

@@ -70,3 +70,17 @@ def test_problem_2_command_writes_outside_the_committed_results(tmp_path: Path):
     assert (tmp_path / "naive_ddp.json").exists()
     after = {p: p.stat().st_mtime_ns for p in (ROOT / "writeup" / "results").rglob("naive_ddp.json")}
     assert after == before, "the example touched a committed results file"
+
+
+def test_every_shell_command_names_files_a_fresh_clone_has_or_fetches():
+    """A command of the README's shell blocks runs on a fresh clone as written: each file it names is
+    tracked here, or lies in a folder the same block fetches first (the course's public test files)."""
+    for line, source in blocks("sh"):
+        fetched = re.findall(r"git clone \S+ (\S+)", source)
+        for command in source.splitlines():
+            for path in re.findall(r"(?:^|\s)((?:tests|scripts|grading)/[\w/.-]+\.py)", command):
+                assert (ROOT / path).is_file(), f"{line}: {path} is not in this repository"
+            for module in re.findall(r"-m (tests\.\w+)", command):
+                assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), f"{line}: {module}"
+            for folder in re.findall(r"CS336_PUBLIC_TESTS_\d+=(\S+)", command):
+                assert folder in fetched, f"{line}: {folder} is not fetched in the block"

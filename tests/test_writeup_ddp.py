@@ -37,7 +37,7 @@ from cs336_systems.results.paths import PROFILE_DIR, results_dir, results_path
 from cs336_systems.results.schema import to_json
 from cs336_systems.units import MB
 from cs336_systems.writeup import fmt, render_writeup
-from cs336_systems.writeup.bucketed_section import comparisons, sweep_verdict
+from cs336_systems.writeup.ddp_sections import comparisons, sweep_verdict
 from cs336_systems.writeup.ddp_analysis import bucket_sweep
 from cs336_systems.writeup.ddp_sections import ANSWERED, ddp_step_page
 from cs336_systems.writeup.pages import machines_page
@@ -300,7 +300,7 @@ def test_the_bucket_plan_explains_two_buckets_at_a_cap_above_all_gradients(rende
 def test_the_sweep_answer_follows_the_intervals(rendered):
     sweep = rendered["answers"]["ddp_bucketed_benchmarking"]
     # 0.5 MB is 8 ms below flat and 8 ± 2 ms below per-parameter in every round: both resolved.
-    assert sweep.count("Measured: **yes**") == 1 and "as 0.5 MB do" in sweep
+    assert sweep.count("Matched: **yes**") == 1 and "as 0.5 MB do" in sweep
     assert f"| bucketed-0.5MB − flat | {ms(-0.008)} | {ms(-0.008)} to {ms(-0.008)} | bucketed-0.5MB faster |" in \
         run_part(rendered["page"])
     for mb in SWEEP_MB:
@@ -314,9 +314,9 @@ def test_a_sweep_inside_the_noise_does_not_match_and_says_why(tmp_path):
     results = build_results_tree(tmp_path, rehearsal=False, base=base, wobbled=wobbled)
     rendered = render_writeup(results, tmp_path / "out", pages=PAGES)
     sweep = answers(rendered.readme.read_text())["ddp_bucketed_benchmarking"]
-    assert "Measured: **no**" in sweep and "no size beats flat DDP" in sweep and "no size beats per-parameter DDP" in sweep
-    assert "0 of 2 neighbouring sizes differ" in sweep and "[Details, and why on CPU]" in sweep
-    assert "Why the shape may differ here, not measured: 2 ranks fill 2 cores" in sweep
+    assert "Matched: **no**" in sweep and "no size beats flat DDP" in sweep and "no size beats per-parameter DDP" in sweep
+    assert "0 of 2 neighbouring sizes differ" in sweep and "[Details](details/ddp_step.md" in sweep
+    assert "Why, not measured: 2 ranks fill 2 cores" in sweep
     page = next(p for p in rendered.details if p.stem == "ddp_step").read_text()
     assert "2 ranks × 1 thread fill all 2 cores" in page
 
@@ -327,7 +327,7 @@ def test_a_run_that_did_not_record_its_load_decides_no_verdict(tmp_path):
     results = build_results_tree(tmp_path, rehearsal=False, step_env=dataclasses.replace(environment(), load=None))
     rendered = render_writeup(results, tmp_path / "out", pages=PAGES)
     found = answers(rendered.readme.read_text())
-    assert "Measured: no verdict, since this run's times are not evidence (load not recorded" in \
+    assert "Matched: no verdict, since this run's times are not evidence (load not recorded" in \
         found["ddp_bucketed_benchmarking"]
     assert "not evidence: load not recorded" in found["minimal_ddp_flat_benchmarking"]
     assert "shorter" not in found["minimal_ddp_flat_benchmarking"] + found["ddp_overlap_individual_parameters_benchmarking"]
@@ -335,12 +335,12 @@ def test_a_run_that_did_not_record_its_load_decides_no_verdict(tmp_path):
     assert "| not evidence: load not recorded |" in page and " faster |" not in page and " slower |" not in page
 
 
-def test_only_the_largest_size_beating_both_matches_in_part(tmp_path):
+def test_only_the_largest_size_beating_both_is_no_match(tmp_path):
     # The largest cap alone beats flat (-10 ms every round) and per-parameter (-10 ± 2 ms): no middle size does.
     base = {**BASE_S, "bucketed-0.05MB": 0.125, "bucketed-0.5MB": 0.125, "bucketed-10MB": 0.110}
     results = build_results_tree(tmp_path, rehearsal=False, base=base)
     sweep = answers(render_writeup(results, tmp_path / "out", pages=PAGES).readme.read_text())
-    assert "Measured: **in part**" in sweep["ddp_bucketed_benchmarking"]
+    assert "Matched: **no**" in sweep["ddp_bucketed_benchmarking"]
     assert "10 MB beats flat DDP; 10 MB beats per-parameter DDP" in sweep["ddp_bucketed_benchmarking"]
 
 

@@ -121,10 +121,12 @@ def test_torch_slower_every_round_meets_the_goal_and_every_table_shows_the_run(t
     assert "the rank waited for communication 100 ms of the 4000 ms step" in details
     assert "computed during 50.0% of the time an all-gather was open (2 all-gathers)" in details
     assert "1 of 1 reduce-scatters were launched while backward was still running" in details
-    # (a) by the accounting at the handout's xl (capacity's 16 bytes per parameter: 16Ψ/2 saved), then
+    # (a) by the accounting at the 2026 handout's xl, whose problem it is (d_model 2560, d_ff 10240, 32 layers,
+    # 32 heads: 3,406,809,600 parameters; capacity's 16 bytes per parameter, 16Ψ/2 = 25992 MB saved), then
     # this run: Ψ = 4 Mi parameters, n = 2, (1 − 1/n)·16Ψ = 32 MB against DDP and (1 − 1/n)·8Ψ = 16 MB
     # against the sharded optimizer ("ZeRO-1" is kept for the paper's stage 1); 34 and 22 MB measured.
-    assert "at the handout's xl (Ψ = 1998M, n = 2)" in answer and "should save **15245 MB**" in answer
+    assert "at the 2026 handout's xl ($d_{model}$ = 2560, 32 layers: Ψ = 3.41B, n = 2)" in answer
+    assert "should save **25992 MB**" in answer and "1998M" not in answer and "15245" not in answer
     assert "the peak falls by 34.0 MB against DDP and 22.0 MB against the sharded optimizer, 1.06× of the " \
            "accounting's 32.0 MB and 1.38× of the accounting's 16.0 MB" in answer and "ZeRO-1" not in answer
     assert "34.0 MB saved against the accounting's 32.0 MB (6.25% beyond it)" in details
@@ -159,3 +161,17 @@ def test_without_results_every_setting_is_listed_once_on_the_machines_page(tmp_p
     assert found["machines"].count("FSDP step benchmark") == 2
     assert "python scripts/bench_fsdp.py" in found["details"]
     assert "**When to pick which.**" in found["details"] and "**Two modes.**" in found["details"]
+
+
+def test_the_2026_accounting_uses_the_2026_handouts_xl():
+    """The 2026 handout's Table 1 gives xl as d_model 2560, d_ff 10240, 32 layers, 32 heads (the 2025
+    handout's xl is 1600, 6400, 48, 25): fsdp_accounting, a 2026 problem, accounts that one."""
+    from cs336_basics.model import EDITION_MODEL_SIZES, MODEL_SIZES, expected_parameter_count
+    from cs336_systems.writeup.fsdp_section import handout_expectation
+
+    xl = EDITION_MODEL_SIZES["2026"]["xl"]
+    assert (xl.d_model, xl.d_ff, xl.num_layers, xl.num_heads) == (2560, 10240, 32, 32)
+    assert MODEL_SIZES["xl"].d_model == 1600 and EDITION_MODEL_SIZES["2025"]["xl"] is MODEL_SIZES["xl"]
+    found = handout_expectation(2)
+    assert found["psi"] == expected_parameter_count(xl) == 3_406_809_600
+    assert round(found["saving"] / MB) == 25992  # 16Ψ/2 bytes: the peak FSDP saves against DDP at 2 ranks

@@ -14,7 +14,7 @@ from cs336_systems.bench.profile import ProfileRecord, ProfileSetting
 from cs336_systems.results.paths import PROFILE_DIR, results_dir
 from cs336_systems.writeup import fmt, render_writeup
 from cs336_systems.writeup.pages import machines_page
-from cs336_systems.writeup.profile_figure import render_timelines
+from cs336_systems.writeup.profile_section import render_timelines
 from cs336_systems.writeup.profile_section import profile_page
 
 from .test_writeup import repeated_rows

@@ -22,7 +22,7 @@ import pytest
 
 from cs336_systems.ddp import overhead_model
 from cs336_systems.results.paths import RESULTS_ROOT
-from cs336_systems.writeup import allreduce_analysis, overhead_fit, render_writeup
+from cs336_systems.writeup import allreduce_analysis, render_writeup
 
 from .test_writeup_ddp import committed_outputs, output_files
 
@@ -98,7 +98,7 @@ def play_another_cpu(monkeypatch, pattern: int = 0) -> AnotherCpu:
     for name in TRANSCENDENTAL:
         monkeypatch.setattr(np, name, cpu.ulp_off(getattr(np, name)))  # matplotlib's scales look them up there
     monkeypatch.setattr(allreduce_analysis, "fit_latency_bandwidth", cpu.fit)
-    monkeypatch.setattr(overhead_fit, "bootstrap_latency_bandwidth", cpu.bootstrap)
+    monkeypatch.setattr(allreduce_analysis, "bootstrap_latency_bandwidth", cpu.bootstrap)
     return cpu
 
 

@@ -30,7 +30,7 @@ from cs336_systems.results.paths import results_path
 from cs336_systems.results.schema import to_json
 from cs336_systems.units import MB
 from cs336_systems.writeup import render_writeup
-from cs336_systems.writeup.doctor_section import doctor_page
+from cs336_systems.writeup.pages import doctor_page
 from cs336_systems.writeup.pages import machines_page
 from cs336_systems.writeup.sharding_section import sharding_page
 
@@ -133,15 +133,18 @@ def test_the_answer_compares_memory_and_time_with_intervals(rendered):
     drops = [mb(peak("unsharded", name) - peak("sharded", name)) for name in ("before_step", "after_step")]
     assert f"the peak by {drops[0]} MB before the step and {drops[1]} MB after it" in answer
     # Sharded minus unsharded per round: 37-43 ms every round (resolved); the optimizer step ±3 ms (not).
-    assert "per-round difference 40.0 ms (95% interval 37.0 to 43.0 ms), sharded slower" in answer
-    assert "alone: 0.500 ms (-3.00 to 4.00 ms), indistinguishable here" in answer
+    assert "sharded − unsharded per round 40.0 ms (95% interval 37.0 to 43.0 ms), sharded slower" in answer
+    assert "took 80.0 ms unsharded, 80.0 ms sharded (medians; sharded − unsharded per round 0.500 ms, " \
+           "95% interval -3.00 to 4.00 ms, indistinguishable here)" in answer
 
 
 def test_the_zero1_comparison_counts_memory_and_bytes_from_psi_and_n(rendered):
     answer = rendered["answer"]
     psi, n = PARAM_BYTES // 4, N_RANKS
-    assert f"$2\\Psi + 2\\Psi + 12\\Psi/N_d$ per rank ({mb((4 + 12 / n) * psi)} MB here)" in answer
-    assert f"$4\\Psi + 4\\Psi + 8\\Psi/N_d$ ({mb((8 + 8 / n) * psi)} MB), and adds a parameter broadcast" in answer
+    assert f"$2\\Psi + 2\\Psi + 12\\Psi/N_d$ per rank ({mb((4 + 12 / n) * psi)} MB here, " in answer
+    assert f"$4\\Psi + 4\\Psi + 8\\Psi/N_d$ ({mb((8 + 8 / n) * psi)} MB; " in answer and "), and adds a parameter broadcast" in answer
+    # and at the 2026 handout's xl (3,406,809,600 parameters), whatever model the run had
+    assert f"{mb((4 + 12 / n) * 3_406_809_600)} MB at the 2026 handout's xl" in answer
     ddp = 2 * (n - 1) / n * PARAM_BYTES
     assert f"({mb(1.5 * ddp)} MB per rank and step, 1.50× DDP's {mb(ddp)} MB)" in answer
     assert "reduce-scatter and all-gather move what DDP moves" in answer
@@ -164,7 +167,7 @@ def test_the_details_show_every_rank_and_point_once(rendered):
 
 def test_too_few_rounds_state_no_difference(tmp_path):
     answer = render(build_tree(tmp_path / "results", rounds=3), tmp_path / "out")["answer"]
-    assert "too few rounds for an interval" in answer and "no 95% interval (3 rounds; it needs 6)" in answer
+    assert "(3 timed rounds: no interval, so no finding on speed)" in answer and "per round" not in answer
     assert "slower" not in answer and "indistinguishable" not in answer
 
 

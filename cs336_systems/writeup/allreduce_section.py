@@ -9,6 +9,10 @@ of a payload's time that the per-call cost explains.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from matplotlib.figure import Figure
 
 from cs336_systems.bench.allreduce.record import AllReduceRecord, bus_bandwidth_factor
 from cs336_systems.bench.allreduce.setting import DEFAULT_MEMORY_FRACTION
@@ -17,13 +21,44 @@ from cs336_systems.writeup import fmt, templating
 from cs336_systems.writeup.allreduce_analysis import (
     CommGroup, LinkFit, comm_groups, fit_group, ranks_per_core, time_sharing_bound,
 )
-from cs336_systems.writeup.allreduce_figure import allreduce_figure
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.coverage import note_gaps
-from cs336_systems.writeup.overhead_fit import fit_with_intervals
+from cs336_systems.writeup.figures import TWO_PANELS, WIDE, error_bars, log_scale, save
+from cs336_systems.writeup.allreduce_analysis import fit_with_intervals
 
 BENCHMARK = AllReduceRecord.KIND
 PROBLEM = "distributed_communication_single_node"
+
+
+def allreduce_figure(groups: dict[CommGroup, list[AllReduceRecord]], title: str, path: Path) -> Path:
+    """Median time (bars: p10–p90) and busbw against payload, one line per backend and world size;
+    dashed lines are gloo ranks sharing a GPU."""
+    fig = Figure(figsize=WIDE)
+    fig.subplots_adjust(**TWO_PANELS)
+    ax_time, ax_bw = fig.subplots(1, 2)
+    for group, records in groups.items():
+        x = np.array([r.payload_mb for r in records])
+        median = np.array([r.median_s for r in records]) * 1e3
+        spread = error_bars(median, np.array([r.p10_s for r in records]) * 1e3,
+                            np.array([r.p90_s for r in records]) * 1e3)
+        style = "--" if group.shared_gpu else "-"
+        line = ax_time.errorbar(x, median, yerr=spread, fmt="o" + style, capsize=3, label=group.label)
+        bw = np.array([r.busbw_gbps for r in records])
+        bw_spread = error_bars(bw, *np.array([r.busbw_range_gbps() for r in records]).T)
+        ax_bw.errorbar(x, bw, yerr=bw_spread, fmt="o" + style, capsize=3, color=line[0].get_color(),
+                       label=group.label)
+    for ax, which in ((ax_time, "x"), (ax_time, "y"), (ax_bw, "x")):
+        log_scale(ax, which)
+    ax_time.set(xlabel="payload (MB)", ylabel="median time per all-reduce (ms)",
+                title="time (bars: p10–p90)")
+    ax_bw.set(xlabel="payload (MB)", ylabel="busbw (GB/s)",
+              title="bus bandwidth (bars: at the p90 and p10 times)")
+    ax_bw.set_ylim(bottom=0)
+    for ax in (ax_time, ax_bw):
+        ax.grid(True, alpha=0.3)
+    ax_bw.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    return save(fig, path)
 
 
 @dataclass(frozen=True)

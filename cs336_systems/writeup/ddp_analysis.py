@@ -17,7 +17,7 @@ from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES  # the benchmark
 from cs336_systems.ddp.overhead_model import (FitIntervals, exposed_overhead, minimum_exposed_overhead,
                                               optimal_bucket_bytes, optimal_bucket_count, predicted_wait)
 from cs336_systems.writeup.allreduce_analysis import CommGroup, LinkFit, comm_groups, fit_group
-from cs336_systems.writeup.bucket_plan import parameter_shapes
+from cs336_systems.writeup.step_setting import parameter_shapes
 from cs336_systems.writeup.load import MachineResults, ResultsFile, WriteupInputs
 
 STEP_KIND = StepRecord.KIND

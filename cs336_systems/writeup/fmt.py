@@ -8,7 +8,7 @@ sizes in MB (2**20 bytes, as everywhere in this repo).
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from cs336_systems.results.environment import Environment
 from cs336_systems.units import GB, MB
@@ -39,9 +39,19 @@ def sig(value: float | None, digits: int = 3) -> str:
     return text
 
 
-def ms(seconds: float | None, digits: int = 3) -> str:
-    """Seconds shown in milliseconds."""
-    return sig(None if seconds is None else seconds * 1e3, digits)
+def _in_unit(convert: Callable[[float], float], unit: str) -> Callable[[float | None, int], str]:
+    """A formatter that shows a value converted into ``unit`` to ``digits`` significant digits."""
+    def show(value: float | None, digits: int = 3) -> str:
+        return sig(None if value is None else convert(value), digits)
+    show.__doc__ = f"``value`` shown in {unit}."
+    return show
+
+
+ms = _in_unit(lambda seconds: seconds * 1e3, "milliseconds (from seconds)")
+us = _in_unit(lambda seconds: seconds * 1e6, "microseconds (from seconds)")
+gbps = _in_unit(lambda bytes_per_s: bytes_per_s / GB_PER_S, "GB/s (from bytes per second)")
+mb = _in_unit(lambda n_bytes: n_bytes / MB, "MB, 2**20 bytes (from bytes)")
+gb = _in_unit(lambda n_bytes: n_bytes / GB, "GB, 2**30 bytes (from bytes)")
 
 
 def ms_interval(interval_s: Sequence[float] | None) -> str:
@@ -52,26 +62,6 @@ def ms_interval(interval_s: Sequence[float] | None) -> str:
 def ratio_interval(interval: Sequence[float] | None) -> str:
     """A ratio's (low, high) 95% interval as "[0.71, 0.84]"; "–" when there is none (too few rounds)."""
     return "–" if not interval else f"[{interval[0]:.2f}, {interval[1]:.2f}]"
-
-
-def us(seconds: float | None, digits: int = 3) -> str:
-    """Seconds shown in microseconds."""
-    return sig(None if seconds is None else seconds * 1e6, digits)
-
-
-def gbps(bytes_per_s: float | None, digits: int = 3) -> str:
-    """Bytes per second shown in GB/s."""
-    return sig(None if bytes_per_s is None else bytes_per_s / GB_PER_S, digits)
-
-
-def mb(n_bytes: float | None, digits: int = 3) -> str:
-    """Bytes shown in MB (2**20 bytes)."""
-    return sig(None if n_bytes is None else n_bytes / MB, digits)
-
-
-def gb(n_bytes: float | None, digits: int = 3) -> str:
-    """Bytes shown in GB (2**30 bytes)."""
-    return sig(None if n_bytes is None else n_bytes / GB, digits)
 
 
 def size_mb(value_mb: float) -> str:
@@ -157,6 +147,11 @@ def setting_line(env: Environment, source: str, *, device_type: str | None = Non
     return "*Setting: " + " · ".join(items) + ".*"
 
 
+def model_name(size: str) -> str:
+    """A results file's model size in words: "xl" is the 2025 handout's (the 2026 one's xl is larger)."""
+    return "xl of the 2025 handout" if size == "xl" else size
+
+
 def run_heading(machine: Any, results: Any) -> str:
     """``### Machine `tag` `` and, when the file is not its kind's default one, the file too."""
     extra = "" if results.name == results.kind else f" · `{results.path.name}`"
@@ -166,7 +161,7 @@ def run_heading(machine: Any, results: Any) -> str:
 def workload_setting_line(results: Any, *extra: str) -> str:
     """:func:`setting_line` for a run that trained the LM: backend, ranks, model, batch, then ``extra``."""
     env, setting = results.environment, results.setting
-    parts = [f"backend {env.backend}", f"world size {env.world_size}", f"model {setting.get('model_size', '?')}",
+    parts = [f"backend {env.backend}", f"world size {env.world_size}", f"model {model_name(setting.get('model_size', '?'))}",
              f"global batch {setting.get('global_batch', '?')} × context {setting.get('context_length', '?')}",
              *extra]
     return setting_line(env, results.source, parts=parts)

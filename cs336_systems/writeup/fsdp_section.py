@@ -10,18 +10,23 @@ their paired 95% interval. Words in ``templates/answers/fsdp_accounting.md.j2`` 
 
 from __future__ import annotations
 
-from cs336_basics.model import expected_parameter_count, model_config
+from pathlib import Path
+from typing import Sequence
+
+from matplotlib.patches import Patch
+
+from cs336_basics.model import EDITION_MODEL_SIZES, expected_parameter_count
+from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES as FP32_BYTES
 from cs336_systems.bench.fsdp.configurations import DESCRIPTIONS
-from cs336_systems.bench.fsdp.memory import FsdpMemoryRecord
-from cs336_systems.capacity.handout import HANDOUT_PRECISION
-from cs336_systems.capacity.memory import state_bytes_per_parameter
 from cs336_systems.bench.fsdp.formulas import DDP, FSDP, TORCH_FSDP, ZERO1
+from cs336_systems.bench.fsdp.memory import FsdpMemoryRecord
 from cs336_systems.bench.fsdp.record import ALL_GATHER, COLLECTIVES, REDUCE_SCATTER, FsdpStepRecord, FsdpTimeline
 from cs336_systems.bench.profile.timeline import merge_intervals, total_length
-from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES as FP32_BYTES
+from cs336_systems.capacity.handout import HANDOUT_PRECISION
+from cs336_systems.capacity.memory import state_bytes_per_parameter
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
-from cs336_systems.writeup.fsdp_figure import render_fsdp_timelines
+from cs336_systems.writeup.figures import timeline_panels
 from cs336_systems.writeup.fsdp_modules_section import modules_runs
 from cs336_systems.writeup.fsdp_options_section import options_runs
 from cs336_systems.writeup.load import MachineResults, ResultsFile
@@ -29,7 +34,57 @@ from cs336_systems.writeup.paired import Paired, signed_ms
 
 KIND = FsdpStepRecord.KIND
 HANDOUT_MODEL = "xl"  # the handout's model for fsdp_accounting
+EDITION = "2026"  # fsdp_accounting is the 2026 handout's, and so is its xl (not the 2025 one's)
 NAMES = {DDP: "DDP", ZERO1: "sharded optimizer", FSDP: "our FSDP", TORCH_FSDP: "torch's FSDP"}
+
+
+PHASE_COLORS = {"forward": "#9ecae1", "backward": "#a1d99b", "finish": "#fdae6b", "optimizer_step": "#bcbddc"}
+COMPUTE_COLOR, WAIT_COLOR = "#31a354", "#fd8d3c"
+COLLECTIVE_COLORS = {"all_gather": "#3182bd", "reduce_scatter": "#de2d26", "all_reduce": "#756bb1",
+                     "broadcast": "#636363"}
+ROW_HEIGHT_IN = 3.0  # inches per timeline
+
+
+def _bars(intervals: Sequence[Sequence[float]]) -> list[tuple[float, float]]:
+    """(start, width) in ms, as ``broken_barh`` wants them."""
+    return [(a * 1e3, (b - a) * 1e3) for a, b in intervals]
+
+
+def _draw(ax, title: str, timeline: FsdpTimeline, bottom: bool) -> None:
+    kinds = [k for k in COLLECTIVES if timeline.collectives.get(k)]
+    lanes = [*(k.replace("_", "-") for k in reversed(kinds)), "waiting", "compute", "phase"]
+    for i, kind in enumerate(reversed(kinds)):
+        calls = timeline.collectives[kind]
+        # Alternate calls between two half-height rows, so that calls in flight together stay apart.
+        for parity in (0, 1):
+            ax.broken_barh(_bars(calls[parity::2]), (i - 0.35 + 0.36 * (1 - parity), 0.34),
+                           facecolor=COLLECTIVE_COLORS[kind], edgecolor="white", linewidth=0.3)
+    ax.broken_barh(_bars(timeline.waits), (len(kinds) - 0.35, 0.7), facecolor=WAIT_COLOR)
+    compute_lane = len(kinds) + 1
+    ax.broken_barh(_bars(timeline.compute), (compute_lane - 0.35, 0.7), facecolor=COMPUTE_COLOR)
+    for name, span in timeline.phases.items():
+        ax.broken_barh(_bars([span]), (compute_lane + 0.6, 0.8), facecolor=PHASE_COLORS.get(name, "0.8"),
+                       edgecolor="0.3", linewidth=0.5)
+    ax.set_yticks(range(len(lanes)), lanes, fontsize=8)
+    ax.set_ylim(-0.6, len(lanes) - 0.4)
+    ax.set_title(f"{title}: traced step {timeline.duration_s * 1e3:.0f} ms (median timed step "
+                 f"{timeline.timed_median_s * 1e3:.0f} ms)", fontsize=9, loc="left")
+    if bottom:
+        handles = [Patch(facecolor=c, label=n.replace("_", " ")) for n, c in PHASE_COLORS.items()]
+        handles += [Patch(facecolor=COMPUTE_COLOR, label="compute"), Patch(facecolor=WAIT_COLOR, label="waiting")]
+        handles += [Patch(facecolor=c, label=k.replace("_", "-")) for k, c in COLLECTIVE_COLORS.items()]
+        ax.legend(handles=handles, loc="upper right", bbox_to_anchor=(1.0, -0.25), fontsize=7, ncol=9,
+                  frameon=False)
+        ax.set_xlabel("time since the step started (ms)", fontsize=8)
+
+
+def render_fsdp_timelines(timelines: Sequence[tuple[str, FsdpTimeline]], path: Path) -> Path:
+    """A PNG with one panel per (title, timeline), top to bottom, on a shared time axis, from one traced step.
+
+    Lanes, top to bottom: phases; compute; waiting (blocked in a collective's ``wait``: communication
+    not hidden); one lane per kind of collective, each bar from launch to completion. A collective bar
+    beside a compute bar is communication hidden behind computation."""
+    return timeline_panels(timelines, _draw, lambda t: t.duration_s * 1e3, path, ROW_HEIGHT_IN)
 
 
 def _overlap(a: list[list[float]], b: list[list[float]]) -> float:
@@ -78,10 +133,12 @@ def accounting(psi: float, n: int) -> dict[str, float]:
 
 
 def handout_expectation(n: int) -> dict:
-    """fsdp_accounting (a) at the handout's xl: Ψ from the model's formula, the accounting above."""
-    psi = expected_parameter_count(model_config(HANDOUT_MODEL))
+    """fsdp_accounting (a) at the 2026 handout's xl: Ψ from the model's formula, the accounting above."""
+    config = EDITION_MODEL_SIZES[EDITION][HANDOUT_MODEL]
+    psi = expected_parameter_count(config)
     state = accounting(psi, n)
-    return dict(psi=psi, n=n, state=state, saving=state[DDP] - state[FSDP], vs_zero1=state[ZERO1] - state[FSDP])
+    return dict(psi=psi, n=n, state=state, saving=state[DDP] - state[FSDP], vs_zero1=state[ZERO1] - state[FSDP],
+                edition=EDITION, config=config)
 
 
 def memory_runs(ctx: RenderContext) -> list[dict]:
@@ -110,12 +167,9 @@ def _paired(r: FsdpStepRecord, unfit: str | None) -> Paired | None:
 
 def _bucketed_elsewhere(machine: MachineResults, results: ResultsFile) -> tuple[float, str] | None:
     """The step benchmark's bucketed DDP at 25 MB on the same model and batch (another run), with its file."""
-    for f in machine.runs("ddp_step"):
-        if all(f.setting.get(k) == results.setting.get(k) for k in ("model_size", "global_batch", "context_length")):
-            found = next((r for r in f.records if r.variant == "bucketed-25MB"), None)
-            if found is not None:
-                return found.median_step_s, f.source
-    return None
+    found = [(r.median_step_s, f.source) for f in machine.runs("ddp_step", like=results) for r in f.records
+             if r.variant == "bucketed-25MB"]
+    return found[0] if found else None
 
 
 def _run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -> dict:

@@ -50,6 +50,8 @@ def settle(obj: Any, digits: int = INPUT_DIGITS) -> Any:
     return obj
 
 
+WORKLOAD = ("model_size", "context_length", "global_batch")  # what runs compared across files share
+
 @dataclass
 class MachineResults:
     """Everything measured on one machine (one results folder)."""
@@ -59,9 +61,10 @@ class MachineResults:
     files: dict[str, ResultsFile] = field(default_factory=dict)  # by stem, sorted
     unreadable: dict[str, str] = field(default_factory=dict)  # file name -> why it was set aside
 
-    def runs(self, kind: str) -> list[ResultsFile]:
-        """Files of one kind, in name order."""
-        return [f for f in self.files.values() if f.kind == kind]
+    def runs(self, kind: str, like: ResultsFile | None = None) -> list[ResultsFile]:
+        """Files of one kind, in name order; with ``like``, only those of its workload (model, context, batch)."""
+        return [f for f in self.files.values() if f.kind == kind and (like is None or all(
+            f.setting.get(k) == like.setting.get(k) for k in WORKLOAD))]
 
     def get(self, name: str) -> ResultsFile | None:
         return self.files.get(name)

@@ -1,7 +1,7 @@
 """ddp_bucketed_benchmarking (b): the overhead model, fitted to the all-reduce runs and checked on the bucket sweep.
 
 Numbers only: the derivation and every sentence are in ``templates/details/overhead_model.md.j2`` and
-``templates/answers/ddp_bucketed_benchmarking_b.md.j2``. Inputs: the ``allreduce`` fits (overhead_fit.py),
+``templates/answers/ddp_bucketed_benchmarking_b.md.j2``. Inputs: the ``allreduce`` fits (allreduce_analysis.py),
 the naive variant's backward in ``profile.json`` and each ``ddp_step`` run's bucket sweep, same machine.
 Everything drawn passes through :func:`settled` and the bucket axis through :func:`log_scale`, so the
 figure's bytes do not depend on the CPU's rounding.
@@ -26,20 +26,18 @@ from cs336_systems.writeup.ddp_analysis import (STEP_KIND, OverheadPrediction, b
                                                 largest_parameter_bytes, predict_overhead, step_runs)
 from cs336_systems.writeup.figures import error_bars, log_scale, save
 from cs336_systems.writeup.load import MachineResults, ResultsFile
-from cs336_systems.writeup.overhead_fit import FIT_HEADERS, fit_for_run, fit_row, machine_fits, drawn_ms as _ms
+from cs336_systems.writeup.allreduce_analysis import FIT_HEADERS, fit_for_run, fit_row, machine_fits, drawn_ms as _ms
 
 RATIO_BAND = 0.30  # predicted / measured within 1 ± this counts as the model holding
-WORKLOAD_KEYS = ("model_size", "context_length", "global_batch")  # what a profile must share with a step run
 
 
 def profiled_backward(machine: MachineResults, results: ResultsFile) -> tuple[float, float | None, str] | None:
     """(backward alone, backward beside per-parameter DDP's all-reduces, the profile's file): medians over the
     profiled steps of the same machine, backend, ranks and workload; None without such a profile."""
     env = results.environment
-    for f in machine.runs(ProfileRecord.KIND):
+    for f in machine.runs(ProfileRecord.KIND, like=results):
         if (f.environment.backend, f.environment.device_type, f.environment.world_size) != (
-                env.backend, env.device_type, env.world_size) or any(
-                f.setting.get(k) != results.setting.get(k) for k in WORKLOAD_KEYS):
+                env.backend, env.device_type, env.world_size):
             continue
         seconds = {r.variant: statistics.median(t.backward_us for t in r.timelines) * 1e-6 for r in f.records}
         if "naive" in seconds:

@@ -17,7 +17,6 @@ from cs336_systems.writeup.answers_section import answers_page
 from cs336_systems.writeup.communication_accounting_section import communication_accounting_page
 from cs336_systems.writeup.context import Page, PageFn, RenderContext
 from cs336_systems.writeup.ddp_sections import ddp_step_page
-from cs336_systems.writeup.doctor_section import doctor_page
 from cs336_systems.writeup.family_section import family_page
 from cs336_systems.writeup.fsdp_section import fsdp_page
 from cs336_systems.writeup.lightning_claims_section import lightning_claims_page
@@ -28,6 +27,11 @@ from cs336_systems.writeup.parallelism_section import parallelism_page
 from cs336_systems.writeup.problems_section import grading_page
 from cs336_systems.writeup.profile_section import profile_page
 from cs336_systems.writeup.sharding_section import sharding_page
+
+
+def doctor_page(ctx: RenderContext) -> Page:
+    """Beyond the handout: what ``make doctor`` checks (a details page only: a diagnosis, not a measurement)."""
+    return Page("doctor", templating.render("details/doctor.md.j2"))
 
 
 def _machine_hardware(machine: MachineResults) -> str:

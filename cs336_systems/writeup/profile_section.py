@@ -1,21 +1,28 @@
 """ddp_overlap_individual_parameters_benchmarking (b): the profile page, from each machine's ``profile/profile.json``.
 
 Numbers only (words: ``templates/{details/profile,answers/ddp_overlap_individual_parameters_benchmarking_b}.md.j2``);
-every profiled step of rank 0 is reported, as two steps of one run give no interval."""
+every profiled step of rank 0 is reported, as two steps of one run give no interval. The timelines
+are drawn from the intervals ``profile.json`` stores: per variant the phases, backward compute and
+the all-reduces, with backward's window shaded across the three lanes."""
 
 from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from matplotlib.patches import Patch
 
 from cs336_systems.bench.profile.record import US, ProfileRecord
 from cs336_systems.bench.profile.setting import ProfileSetting, nsys_command
+from cs336_systems.bench.profile.timeline import Interval, StepTimeline
 from cs336_systems.results.paths import PROFILE_DIR
 from cs336_systems.results.schema import SchemaError, from_json
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
+from cs336_systems.writeup.figures import timeline_panels
 from cs336_systems.writeup.load import MachineResults, ResultsFile
-from cs336_systems.writeup.profile_figure import render_timelines
 
 PROFILE_KIND = ProfileRecord.KIND
 STEP_RUN = "ddp_step"  # the step benchmark's run the profile is compared with
@@ -25,6 +32,53 @@ HEADERS = ["machine", "variant", "step", "all-reduce time inside backward", "all
 # One per all-reduce call in a torch profiler trace, whatever the backend logs beneath it: gloo on
 # CUDA logs two "gloo:all_reduce" events per call (its worker's, beside its host-device copies).
 CALL_EVENT = "c10d::allreduce_"
+
+
+PHASE_STYLE = {  # label and colour of each phase bar
+    "forward": ("forward", "#9ecae1"),
+    "backward": ("backward", "#a1d99b"),
+    "finish_gradient_synchronization": ("finish_gradient_synchronization", "#fdae6b"),
+    "optimizer_step": ("optimizer step", "#bcbddc"),
+}
+COMPUTE_COLOR, COMM_COLOR, WINDOW_COLOR = "#31a354", "#de2d26", "0.92"
+LANES = ("communication\n(all-reduce)", "backward\ncompute", "phase")  # bottom to top
+ROW_HEIGHT_IN = 2.9  # inches per timeline
+MS_PER_US = 1e-3
+
+
+def _bars(intervals: Iterable[Interval]) -> list[tuple[float, float]]:
+    """(start, width) in ms, as ``broken_barh`` wants them."""
+    return [(a * MS_PER_US, (b - a) * MS_PER_US) for a, b in intervals]
+
+
+def _draw_timeline(ax, title: str, timeline: StepTimeline, bottom: bool) -> None:
+    b0, b1 = timeline.backward_range
+    # The backward window across every lane: communication inside it is overlapped.
+    ax.axvspan(b0 * MS_PER_US, b1 * MS_PER_US, color=WINDOW_COLOR, zorder=0)
+    for name, span in timeline.phases.items():
+        ax.broken_barh(_bars([span]), (1.6, 0.8), facecolor=PHASE_STYLE[name][1], edgecolor="0.3", linewidth=0.5)
+    ax.broken_barh(_bars(timeline.backward_compute), (0.65, 0.7), facecolor=COMPUTE_COLOR)
+    ax.broken_barh(_bars(timeline.communication), (-0.35, 0.7), facecolor=COMM_COLOR)
+    ax.set_yticks(range(len(LANES)), LANES)
+    ax.set_ylim(-0.6, 2.6)
+    ax.set_title(
+        f"{title}: {timeline.overlap_fraction:.0%} of all-reduce time inside backward "
+        f"(all-reduce {timeline.communication_us * MS_PER_US:.1f} ms over {timeline.n_comm_events} profiler events, "
+        f"backward {timeline.backward_us * MS_PER_US:.1f} ms)",
+        fontsize=9,
+        loc="left",
+    )
+    if bottom:  # one legend and axis label per figure, under the lowest timeline
+        handles = [Patch(facecolor=color, label=label) for label, color in PHASE_STYLE.values()]
+        handles.append(Patch(facecolor=WINDOW_COLOR, label="backward window"))
+        ax.legend(handles=handles, loc="upper right", bbox_to_anchor=(1.0, -0.22), fontsize=7, ncol=5,
+                  frameon=False)
+        ax.set_xlabel("time since the step started (ms)", fontsize=8)
+
+
+def render_timelines(timelines: Sequence[tuple[str, StepTimeline]], path: Path) -> Path:
+    """A PNG with one timeline per (title, timeline), top to bottom, on a shared time axis."""
+    return timeline_panels(timelines, _draw_timeline, lambda t: t.duration_us * MS_PER_US, path, ROW_HEIGHT_IN)
 
 
 def _calls_per_step(machine: MachineResults, r: ProfileRecord) -> float | None:

@@ -6,6 +6,7 @@ only with their paired 95% interval. Words in ``templates/{answers,details}/opti
 
 from __future__ import annotations
 
+from cs336_basics.model import EDITION_MODEL_SIZES, expected_parameter_count
 from cs336_systems.bench.accounting.counting import communication_bytes_per_rank
 from cs336_systems.bench.accounting.record import CONFIGURATIONS, PHASES, SHARDED, UNSHARDED, AccountingRecord
 from cs336_systems.bench.accounting.record import sharded_minus_unsharded
@@ -35,12 +36,8 @@ def _paired(records: list[AccountingRecord], times: str, unfit: str | None) -> P
 def _step_benchmark_naive(machine: MachineResults, results: ResultsFile) -> float | None:
     """The median step of naive DDP in this machine's step benchmark on the same model and batch (the
     same NaiveDDP and AdamW, another run): the answer says why the two differ."""
-    for f in machine.runs("ddp_step"):
-        same = all(f.setting.get(k) == results.setting.get(k) for k in ("model_size", "global_batch", "context_length"))
-        naive = next((r for r in f.records if r.variant == "naive"), None)
-        if same and naive is not None and f.environment.world_size == results.environment.world_size:
-            return naive.median_step_s
-    return None
+    return next((r.median_step_s for f in machine.runs("ddp_step", like=results) for r in f.records
+                 if r.variant == "naive" and f.environment.world_size == results.environment.world_size), None)
 
 
 def _run(machine: MachineResults, results: ResultsFile) -> dict:
@@ -72,7 +69,7 @@ def _run(machine: MachineResults, results: ResultsFile) -> dict:
         tag=machine.tag, model=s.get("model_size"), method=records[0].method, n=n, b=records[0].parameter_bytes, psi=records[0].n_parameters,
         setting=fmt.setting_line(env, results.source, parts=[
             f"backend {env.backend}", f"world size {n}",
-            f"model {s.get('model_size', '?')} ({fmt.sig(records[0].n_parameters / 1e6)}M parameters)",
+            f"model {fmt.model_name(s.get('model_size', '?'))} ({fmt.sig(records[0].n_parameters / 1e6)}M parameters)",
             f"global batch {s.get('global_batch', '?')} × context {s.get('context_length', '?')}",
             f"AdamW, {s.get('warmup_steps', '?')} warm-up and {s.get('steps', '?')} timed rounds"]),
         baselines=[r.baseline_bytes for r in records], live=sorted({r.baseline_live_tensor_bytes for r in records}),
@@ -82,6 +79,7 @@ def _run(machine: MachineResults, results: ResultsFile) -> dict:
         step=_paired(records, "step_times_s", fmt.not_evidence(env)) if both else None,
         optimizer=_paired(records, "optimizer_step_times_s", fmt.not_evidence(env)) if both else None,
         medians={c: by[c][0].median_step_s for c in configs},
+        optimizer_medians={c: by[c][0].median_optimizer_step_s for c in configs},
         naive_elsewhere=_step_benchmark_naive(machine, results), shared_gpu=env.shared_gpu,
         rounds=s.get("steps"), device=env.device_type,
         comm=communication_bytes_per_rank(records[0].parameter_bytes, n),
@@ -103,10 +101,15 @@ def sharding_page(ctx: RenderContext) -> Page:
     main = next((r for r in runs if r["model"] == HANDOUT_MODEL), runs[0]) if runs else None
     kept = dict(missing=missing, gaps=details_link("machines", "not-measured-here"),
                 link=details_link("optimizer_state_sharding"))
+    rest = [r for r in runs if r is not main]
+    # (b) from the main run when it has an interval; else beside it, the first other run that has one.
+    evidence = next((r for r in rest if r["step"] and r["step"].interval_s), None)
+    xl2026 = dict(psi=expected_parameter_count(EDITION_MODEL_SIZES["2026"][HANDOUT_MODEL]))
     answer = templating.render("answers/optimizer_state_sharding_accounting.md.j2", runs=runs[:1] and [main],
-                               others=[r for r in runs if r is not main], **kept)
+                               others=rest, evidence=evidence, xl2026=xl2026, **kept)
     others = [templating.render("answers/optimizer_state_sharding_accounting.md.j2", runs=[r], missing=[], others=[],
-                                link="optimizer_state_sharding.md", gaps="machines.md#not-measured-here") for r in runs if r is not main]
+                                evidence=None, xl2026=None,
+                                link="optimizer_state_sharding.md", gaps="machines.md#not-measured-here") for r in rest]
     markdown = templating.render("details/optimizer_state_sharding.md.j2", runs=runs, missing=missing,
                                  gaps="machines.md#not-measured-here", others=others)
     return Page("optimizer_state_sharding", markdown, {"optimizer_state_sharding_accounting": answer})
