@@ -27,6 +27,11 @@ MAX_NORM = 0.05  # well below the gradient norms (about 0.5): every step is clip
 DDP_WRAPPERS = {"naive": NaiveDDP, "flat": FlatDDP, "per-parameter": PerParameterDDP,
                 "bucketed": lambda m: BucketedDDP(m, 0.0002), "auto": AutoBucketedDDP}
 DDP_SIDES = (*DDP_WRAPPERS, "torch")
+# torch's DistributedDataParallel keywords a script passes, each at a value ours honour with
+# torch's meaning; the bucketed wrappers take torch's bucket keywords too.
+TORCH_KEYWORDS = {"device_ids": None, "output_device": None, "dim": 0, "broadcast_buffers": True, "init_sync": True,
+                  "find_unused_parameters": False, "check_reduction": False, "static_graph": False}
+BUCKET_KEYWORDS = {"bucket_cap_mb": 0.0002, "gradient_as_bucket_view": True}
 FSDP_SIDES = ("ours", "torch")
 
 
@@ -108,16 +113,47 @@ def _fsdp_side(ctx: RankContext, side: str) -> dict:
     return train(model, _rows(ctx), _whole)
 
 
-def _ddp_side(ctx: RankContext, side: str) -> dict:
-    torch.manual_seed(0)
-    module = Net()
-    if side == "torch":
-        from torch.nn.parallel import DistributedDataParallel
+def _wrap(side: str, module: nn.Module, keywords: dict | None) -> nn.Module:
+    """``module`` in the DDP wrapper ``side`` names, built with torch's ``keywords`` (None: none)."""
+    if keywords is None:
+        return DDP_WRAPPERS[side](module) if side != "torch" else _torch_ddp(module)
+    wrappers = {"naive": NaiveDDP, "flat": FlatDDP, "per-parameter": PerParameterDDP, "bucketed": BucketedDDP,
+                "auto": AutoBucketedDDP, "torch": _torch_ddp}
+    extra = BUCKET_KEYWORDS if side in ("bucketed", "torch") else {}
+    return wrappers[side](module, **keywords, **extra)
 
-        model = DistributedDataParallel(module)
-    else:
-        model = DDP_WRAPPERS[side](module)
-    return train(model, _rows(ctx), _whole)
+
+def _torch_ddp(module: nn.Module, **keywords) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(module, **keywords)
+
+
+def _ddp_side(ctx: RankContext, side: str, keywords: dict | None = None) -> dict:
+    torch.manual_seed(0)
+    return train(_wrap(side, Net(), keywords), _rows(ctx), _whole)
+
+
+class WithSpareHead(Net):
+    """Net with a head its forward never calls: a parameter no rank uses."""
+
+    def __init__(self):
+        super().__init__()
+        self.spare = nn.Linear(6, 5)
+
+
+def unused_parameter_outcome(ctx: RankContext, side: str, find_unused_parameters: bool) -> str:
+    """Two steps of the script on a model with an unused head: what the second forward said
+    ("trained" if nothing was raised)."""
+    torch.manual_seed(0)
+    model = _wrap(side, WithSpareHead(), {"find_unused_parameters": find_unused_parameters})
+    try:
+        for step in range(2):
+            x, y = batch(step)
+            F.mse_loss(model(x[_rows(ctx)]), y[_rows(ctx)]).backward()
+    except RuntimeError as e:
+        return str(e)
+    return "trained"
 
 
 def _rows(ctx: RankContext) -> slice:
@@ -129,4 +165,7 @@ def run_practitioner_sides(ctx: RankContext) -> dict[str, dict]:
     """Rank function: the script on every FSDP and DDP side, one after another."""
     results = {f"fsdp-{side}": _fsdp_side(ctx, side) for side in FSDP_SIDES}
     results.update({f"ddp-{side}": _ddp_side(ctx, side) for side in DDP_SIDES})
+    results.update({f"ddp-{side}-torch-keywords": _ddp_side(ctx, side, TORCH_KEYWORDS) for side in DDP_SIDES})
+    results["unused"] = {(side, flag): unused_parameter_outcome(ctx, side, flag)
+                         for side in DDP_SIDES for flag in (False, True)}
     return results

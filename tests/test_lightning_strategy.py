@@ -176,7 +176,7 @@ def test_options_it_cannot_honour_are_refused_in_one_line(options, message):
 
 def test_options_map_to_the_wrappers():
     assert CS336DDPStrategy(bucket_cap_mb=50, gradient_as_bucket_view=False)._spec.options == {
-        "broadcast_buffers": True, "bucket_size_mb": 50.0, "gradient_as_bucket_view": False}
+        "broadcast_buffers": True, "bucket_cap_mb": 50.0, "gradient_as_bucket_view": False}
     assert CS336DDPStrategy(variant="auto")._spec.options["bucket_size_mb"] == "auto"
     assert CS336DDPStrategy(variant="per_parameter", broadcast_buffers=False,
                             find_unused_parameters=True)._spec.options == {"broadcast_buffers": False}

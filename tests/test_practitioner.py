@@ -17,7 +17,8 @@ from tests.practitioner_cases import DDP_SIDES, FSDP_SIDES, run_practitioner_sid
 pytestmark = [pytest.mark.problem("beyond"), pytest.mark.timeout(300)]
 
 ATOL = 1e-6
-SIDES = [f"fsdp-{s}" for s in FSDP_SIDES] + [f"ddp-{s}" for s in DDP_SIDES]
+SIDES = ([f"fsdp-{s}" for s in FSDP_SIDES] + [f"ddp-{s}" for s in DDP_SIDES]
+         + [f"ddp-{s}-torch-keywords" for s in DDP_SIDES])
 _runs: dict[str, list[dict]] = {}
 
 
@@ -49,3 +50,17 @@ def test_clipping_is_active():
     from tests.practitioner_cases import MAX_NORM
 
     assert min(train_one_process()["norms"]) > 2 * MAX_NORM
+
+
+@pytest.mark.xdist_group("practitioner")
+@pytest.mark.parametrize("side", DDP_SIDES)
+def test_an_unused_parameter_is_refused_as_torch_refuses_it(side: str):
+    """With ``find_unused_parameters=False`` (torch's keyword), a parameter no rank used stops the
+    run at the next forward on every rank, as torch's DDP does, and ours names it; with True,
+    both train on."""
+    for rank, result in enumerate(_ranks()):
+        strict, tolerant = result["unused"][(side, False)], result["unused"][(side, True)]
+        assert "find_unused_parameters" in strict, (side, rank, strict)
+        if side != "torch":  # torch names indices unless TORCH_DISTRIBUTED_DEBUG is set
+            assert "spare.weight, spare.bias" in strict, strict
+        assert tolerant == "trained", (side, rank, tolerant)

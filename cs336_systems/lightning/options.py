@@ -5,8 +5,8 @@
 either maps each to the option of ours that means the same, or refuses it with one line that
 says why. The mapping:
 
-* ``bucket_cap_mb``, ``gradient_as_bucket_view``: the bucketed variant's ``bucket_size_mb`` and
-  ``gradient_as_bucket_view`` (same meaning, same MB = 2**20 bytes). The other variants have no
+* ``bucket_cap_mb``, ``gradient_as_bucket_view``: the bucketed variant's keywords of the same names
+  (``bucket_cap_mb`` is its ``bucket_size_mb``: same meaning, same MB = 2**20 bytes). The other variants have no
   buckets: a value other than the default is refused there.
 * ``broadcast_buffers``: the same in every variant (base.py broadcasts rank 0's buffers at the
   start of a synchronised forward, as torch does).
@@ -110,7 +110,7 @@ def wrapper_spec(
                 bucket_cap_bytes(bucket_cap_mb)  # ValueError unless finite and > 0
             except (TypeError, ValueError) as e:
                 raise ValueError(f"bucket_cap_mb must be a finite number of MB > 0, got {bucket_cap_mb!r}") from e
-            options["bucket_size_mb"] = float(bucket_cap_mb)
+            options["bucket_cap_mb"] = float(bucket_cap_mb)
         options["gradient_as_bucket_view"] = gradient_as_bucket_view
     else:
         for name, value, default in (("bucket_cap_mb", bucket_cap_mb, DEFAULT_BUCKET_CAP_MB),
