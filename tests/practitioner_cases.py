@@ -129,6 +129,49 @@ def _torch_ddp(module: nn.Module, **keywords) -> nn.Module:
     return DistributedDataParallel(module, **keywords)
 
 
+def fsdp_module_methods_side(ctx: RankContext, side: str) -> list[dict]:
+    """The script's model trained with torch's ``FSDPModule`` methods called as a torch user calls
+    them: explicit prefetch lists, the root resharded after forward, one block kept gathered
+    after forward, an explicit async unshard of the root, and each step two micro-batches, the
+    first without gradient sync, last backward or resharding after backward (its weights stay
+    gathered for the second), ``reshard()`` on every module before the step. The full weights
+    after each step."""
+    from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+    from cs336_systems.fsdp import fully_shard
+
+    shard = fully_shard if side == "ours" else torch_fully_shard
+    torch.manual_seed(0)
+    model = Net()
+    for block in model.blocks:
+        shard(block)
+    shard(model)
+    first, second = model.blocks
+    first.set_modules_to_forward_prefetch([second])
+    second.set_modules_to_backward_prefetch([first])
+    model.set_reshard_after_forward(True, recurse=False)
+    second.set_reshard_after_forward(False)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
+    rows, history = _rows(ctx), []
+    half = (rows.stop - rows.start) // 2
+    micro = (slice(rows.start, rows.start + half), slice(rows.start + half, rows.stop))
+    for step in range(STEPS):
+        x, y = batch(step)
+        for i, part in enumerate(micro):
+            last = i == len(micro) - 1
+            model.set_requires_gradient_sync(last)
+            model.set_is_last_backward(last)
+            model.set_reshard_after_backward(last)
+            model.unshard(async_op=True).wait()
+            F.mse_loss(model(x[part]), y[part]).backward()
+        for module in (model, *model.blocks):
+            module.reshard()
+        optimizer.step()
+        optimizer.zero_grad()
+        history.append({n: _whole(p).detach().clone() for n, p in model.named_parameters()})
+    return history
+
+
 def _ddp_side(ctx: RankContext, side: str, keywords: dict | None = None) -> dict:
     torch.manual_seed(0)
     return train(_wrap(side, Net(), keywords), _rows(ctx), _whole)
@@ -164,6 +207,7 @@ def _rows(ctx: RankContext) -> slice:
 def run_practitioner_sides(ctx: RankContext) -> dict[str, dict]:
     """Rank function: the script on every FSDP and DDP side, one after another."""
     results = {f"fsdp-{side}": _fsdp_side(ctx, side) for side in FSDP_SIDES}
+    results["fsdp-methods"] = {side: fsdp_module_methods_side(ctx, side) for side in FSDP_SIDES}
     results.update({f"ddp-{side}": _ddp_side(ctx, side) for side in DDP_SIDES})
     results.update({f"ddp-{side}-torch-keywords": _ddp_side(ctx, side, TORCH_KEYWORDS) for side in DDP_SIDES})
     results["unused"] = {(side, flag): unused_parameter_outcome(ctx, side, flag)

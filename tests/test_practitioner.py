@@ -64,3 +64,17 @@ def test_an_unused_parameter_is_refused_as_torch_refuses_it(side: str):
         if side != "torch":  # torch names indices unless TORCH_DISTRIBUTED_DEBUG is set
             assert "spare.weight, spare.bias" in strict, strict
         assert tolerant == "trained", (side, rank, tolerant)
+
+
+@pytest.mark.xdist_group("practitioner")
+def test_fsdp_module_methods_train_to_torchs_weights():
+    """torch's FSDPModule methods (unshard, reshard, prefetch lists, reshard after forward and
+    backward, last backward, gradient sync) called on our fully_shard's modules as on torch's:
+    the same weights after every step (float32 rounding of another summation order: ATOL)."""
+    for rank, result in enumerate(_ranks()):
+        ours, theirs = result["fsdp-methods"]["ours"], result["fsdp-methods"]["torch"]
+        assert len(ours) == len(theirs) > 0
+        for step, (got, want) in enumerate(zip(ours, theirs)):
+            assert got.keys() == want.keys()
+            worst = max((got[n] - want[n]).abs().max().item() for n in want)
+            assert worst <= ATOL * (step + 1), f"rank {rank}, step {step}: {worst:.2e}"
