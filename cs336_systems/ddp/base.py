@@ -27,7 +27,10 @@ gradients, so a zero gradient would wrongly apply weight decay). Each variant th
 learns, with the same communication on every rank, how many ranks produced each gradient:
 missing local gradients count as zeros, and a gradient stays ``None`` only where that count
 is zero everywhere. Only a rank that lacks some gradient needs to read that count, so a step
-in which every rank has every gradient never waits for the device.
+in which every rank has every gradient never waits for the device. So ours need no
+``find_unused_parameters=True``; given torch's ``find_unused_parameters=False``, a parameter whose
+hook did not fire in a synchronised backward makes the next forward raise, naming it, as torch's
+DDP does (a host-side set of fired hooks: no device wait).
 
 When gradients are reduced: as torch's DDP does, when the backward pass of a synchronised
 forward ends, with no call needed. A post-accumulate-grad hook on every synchronised parameter
@@ -169,8 +172,7 @@ class DataParallel(nn.Module):
         self._hook_handles = [p.register_post_accumulate_grad_hook(on_grad_ready) for p in self.synced_params]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        self._check_not_released()
-        self._refuse_unused_parameters()
+        self._check_can_forward()
         self._before_forward()
         if self.broadcast_buffers and self._buffers_stale:
             self._broadcast_buffers()
@@ -240,10 +242,11 @@ class DataParallel(nn.Module):
         self._at_end_of_backward.queue()
         self._ready_ids.add(id(param))
 
-    def _refuse_unused_parameters(self) -> None:
-        """With ``find_unused_parameters=False``, raise for the parameters the last synchronised
-        backward left without a gradient on this rank, at the next forward, as torch's DDP does
-        (its reducer finds the bucket it never finished there)."""
+    def _check_can_forward(self) -> None:
+        """Not released; and, with ``find_unused_parameters=False``, raise for the parameters the
+        last synchronised backward left without a gradient on this rank, at the next forward, as
+        torch's DDP does (its reducer finds the bucket it never finished there)."""
+        self._check_not_released()
         unused, self._unused_last_backward = self._unused_last_backward, []
         if unused:
             shown = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
