@@ -6,6 +6,8 @@ groups by ``p.dim() >= 2`` (nanoGPT's ``configure_optimizers``), a parameter cou
 ``p.numel()``, ``torch.nn.utils.clip_grad_norm_`` before the step, torch's ``fully_shard``
 keywords (``mesh``, ``mp_policy``, ``reshard_after_forward``, ``offload_policy``), and no call
 between ``backward()`` and ``optimizer.step()``. Only the import differs between the sides.
+Beside it: the DDP wrappers built with torch's keywords (and refusing those they cannot honour),
+an unused parameter under ``find_unused_parameters``, and torch's ``FSDPModule`` methods.
 """
 
 from __future__ import annotations
@@ -204,12 +206,32 @@ def _rows(ctx: RankContext) -> slice:
     return slice(ctx.rank * shard, (ctx.rank + 1) * shard)
 
 
+# torch DDP keywords ours refuse, each with the words its one-line refusal must hold.
+REFUSED_KEYWORDS = (({"mixed_precision": object()}, "mixed_precision="), ({"device_ids": [5]}, "device_ids=[5]"),
+                    ({"dim": 1}, "dim=1"), ({"no_such_keyword": 1}, "unexpected keyword argument 'no_such_keyword'"))
+
+
+def keyword_refusals(side: str) -> list[tuple[str, str]]:
+    """What wrapper ``side`` raises for each of REFUSED_KEYWORDS (before any collective), and
+    for ``bucket_cap_mb`` where it has no buckets: (exception type, message)."""
+    cases = [kw for kw, _ in REFUSED_KEYWORDS] + ([] if side in ("bucketed", "auto") else [{"bucket_cap_mb": 10}])
+    said = []
+    for keywords in cases:
+        try:
+            _wrap(side, Net(), keywords)
+            said.append(("accepted", ""))
+        except (TypeError, ValueError) as e:
+            said.append((type(e).__name__, str(e)))
+    return said
+
+
 def run_practitioner_sides(ctx: RankContext) -> dict[str, dict]:
     """Rank function: the script on every FSDP and DDP side, one after another."""
     results = {f"fsdp-{side}": _fsdp_side(ctx, side) for side in FSDP_SIDES}
     results["fsdp-methods"] = {side: fsdp_module_methods_side(ctx, side) for side in FSDP_SIDES}
     results.update({f"ddp-{side}": _ddp_side(ctx, side) for side in DDP_SIDES})
     results.update({f"ddp-{side}-torch-keywords": _ddp_side(ctx, side, TORCH_KEYWORDS) for side in DDP_SIDES})
+    results["refusals"] = {side: keyword_refusals(side) for side in DDP_WRAPPERS}
     results["unused"] = {(side, flag): unused_parameter_outcome(ctx, side, flag)
                          for side in DDP_SIDES for flag in (False, True)}
     return results

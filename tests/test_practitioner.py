@@ -5,6 +5,12 @@ each of our DDP wrappers and torch's DDP; this process runs it once on the globa
 side must see what one process sees (as many decayed parameters, the same parameter count and
 gradient norms before clipping) and end every step with the one process's weights. Tolerance:
 float32 rounding of a different summation order, 1e-6 per step (measured: at most 3e-8).
+
+In the same group: each DDP wrapper built with torch's DistributedDataParallel keywords, trained as
+above; an unused parameter under ``find_unused_parameters=False`` (refused at the next forward, as
+torch's DDP refuses it) and ``True`` (trained); torch's keywords ours refuse, in one line each; and
+torch's ``FSDPModule`` methods called on our ``fully_shard``'s modules and on torch's, whose weights
+must agree every step.
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ from __future__ import annotations
 import pytest
 
 from cs336_systems.launch import launch
-from tests.practitioner_cases import DDP_SIDES, FSDP_SIDES, run_practitioner_sides, train_one_process
+from tests.practitioner_cases import (DDP_SIDES, DDP_WRAPPERS, FSDP_SIDES, REFUSED_KEYWORDS, run_practitioner_sides,
+                                      train_one_process)
 
 pytestmark = [pytest.mark.problem("beyond"), pytest.mark.timeout(300)]
 
@@ -78,3 +85,17 @@ def test_fsdp_module_methods_train_to_torchs_weights():
             assert got.keys() == want.keys()
             worst = max((got[n] - want[n]).abs().max().item() for n in want)
             assert worst <= ATOL * (step + 1), f"rank {rank}, step {step}: {worst:.2e}"
+
+
+@pytest.mark.xdist_group("practitioner")
+@pytest.mark.parametrize("side", DDP_WRAPPERS)
+def test_torch_keywords_ours_cannot_honour_are_refused_in_one_line(side: str):
+    """Each refusal names the keyword and its value, on one line; bucket_cap_mb is refused only
+    by the wrappers without buckets, which name the one that has them."""
+    said = _ranks()[0]["refusals"][side]
+    expected = [words for _, words in REFUSED_KEYWORDS]
+    if side not in ("bucketed", "auto"):
+        expected.append("has no buckets, so it takes no bucket_cap_mb=10: BucketedDDP does")
+    assert len(said) == len(expected)
+    for (kind, message), words in zip(said, expected):
+        assert kind in ("TypeError", "ValueError") and words in message and "\n" not in message, (kind, message)
