@@ -20,7 +20,8 @@ says why. The mapping:
   (``reorder_after_first_step``, overlap.py), as torch's DDP also rebuilds its buckets once
   without it, and they have no per-step traversal of the graph to skip. So ``static_graph``
   is accepted and changes nothing in ours; the claims benchmark measures it on torch's DDP.
-* ``init_sync=True`` (the default) is what every variant does; ``False`` is refused.
+* ``init_sync``: the wrappers' keyword of the same name (False: no broadcast of rank 0's
+  parameters and buffers at construction, as torch's: every rank must build the same model).
   ``init_sync`` and ``check_reduction`` are named arguments of the strategy, as the options
   above, so that a LightningCLI YAML takes every option Python does.
 * ``process_group``, ``device_ids``, ``output_device``, ``dim``, ``mixed_precision``,
@@ -94,10 +95,9 @@ def wrapper_spec(
     for name in ("broadcast_buffers", "find_unused_parameters", "static_graph", "init_sync", "check_reduction"):
         if name in kwargs and not isinstance(kwargs[name], bool):
             raise TypeError(f"{name} must be True or False, got {kwargs[name]!r}")
-    if kwargs.get("init_sync", True) is False:
-        raise ValueError("CS336DDPStrategy does not take init_sync=False: every variant broadcasts rank 0's "
-                         "parameters and buffers when it wraps the model")
     options: dict[str, Any] = {"broadcast_buffers": kwargs.get("broadcast_buffers", True)}
+    if kwargs.get("init_sync", True) is False:
+        options["init_sync"] = False  # the wrappers' own keyword (ddp/torch_keywords.py)
     if variant in BUCKETED:
         if variant == "auto":
             if not (bucket_cap_mb == DEFAULT_BUCKET_CAP_MB or bucket_cap_mb == AUTO):
