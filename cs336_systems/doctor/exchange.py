@@ -42,6 +42,7 @@ class StoreExchange:
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
         self.store = dist.PrefixStore(f"cs336-doctor/{next(_doctors)}/", dist.distributed_c10d._get_default_store())
+        self.rounds = 0  # gathers so far: each has keys of its own, so a second report reads fresh values
 
     def note_progress(self, progress: Progress) -> None:
         self.store.set(f"progress/{self.rank}", pickle.dumps(progress))
@@ -49,14 +50,16 @@ class StoreExchange:
     def gather(self, mine: Any, timeout_s: float) -> tuple[list[Any | None], dict[int, Progress | None]]:
         """Every rank's ``mine`` (None for a rank that did not post within ``timeout_s``), and for
         each missing rank its last progress (None: it never wrote any)."""
-        self.store.set(f"seen/{self.rank}", pickle.dumps(mine))
-        missing = self._wait_for("seen", timeout_s)
-        values = [None if r in missing else pickle.loads(self.store.get(f"seen/{r}")) for r in range(self.world_size)]
+        self.rounds += 1
+        seen, read = f"seen{self.rounds}", f"read{self.rounds}"
+        self.store.set(f"{seen}/{self.rank}", pickle.dumps(mine))
+        missing = self._wait_for(seen, timeout_s)
+        values = [None if r in missing else pickle.loads(self.store.get(f"{seen}/{r}")) for r in range(self.world_size)]
         last = {r: self._progress(r) for r in missing}
         if not missing:
             # Whoever hosts the store (rank 0) must outlive every rank's reads: wait until all read.
-            self.store.set(f"read/{self.rank}", b"1")
-            self._wait_for("read", timeout_s)
+            self.store.set(f"{read}/{self.rank}", b"1")
+            self._wait_for(read, timeout_s)
         return values, last
 
     def _wait_for(self, kind: str, timeout_s: float) -> set[int]:
