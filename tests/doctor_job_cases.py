@@ -8,7 +8,15 @@ Faults, each on rank 1 only:
 * ``skips-steps``: it skips ``optimizer.step()`` at the second batch (a rank-local check), while
   its forward and backward still run, so the collectives stay paired;
 * ``diverges``: it changes its own weights in its first step, before the optimizer's;
-* ``straggler`` (plain loop only): its forward sleeps ``STRAGGLER_DELAY_S`` every step.
+* ``straggler`` (plain loop only): its forward sleeps ``STRAGGLER_DELAY_S`` every step;
+* ``slow-loader`` (plain): its DataLoader sleeps ``STRAGGLER_DELAY_S`` per batch;
+* ``uneven-samples`` (plain): its batches hold 8 rows where rank 0's hold 4 (as many batches);
+* ``fsdp2-healthy`` (plain): our ``fully_shard``, every parameter a shard only its rank holds;
+* ``fsdp2-diverges`` (plain): torch's ``fully_shard`` over a (replicate 2, shard 1) mesh (HSDP:
+  each rank a replica of the other's shards), and it changes its shard in its first step.
+
+:func:`skips_iteration_job` runs apart, as it fails: rank 1 skips one iteration, so rank 0 is
+still in that iteration's all-reduce when rank 1 reaches ``report()``.
 """
 
 from __future__ import annotations
@@ -19,14 +27,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset, default_collate
 
 from cs336_systems.launch import RankContext
 
 STEPS = 3
 ROWS, FEATURES, CLASSES, BATCH = 32, 6, 3, 4
 HEALTHY, NO_SAMPLER, SKIPS_STEPS, DIVERGES, STRAGGLER = "healthy", "no-sampler", "skips-steps", "diverges", "straggler"
-PLAIN_JOBS = (HEALTHY, NO_SAMPLER, SKIPS_STEPS, DIVERGES, STRAGGLER)
+SLOW_LOADER, UNEVEN_SAMPLES = "slow-loader", "uneven-samples"
+FSDP2_HEALTHY, FSDP2_DIVERGES = "fsdp2-healthy", "fsdp2-diverges"
+PLAIN_JOBS = (HEALTHY, NO_SAMPLER, SKIPS_STEPS, DIVERGES, STRAGGLER, SLOW_LOADER, UNEVEN_SAMPLES, FSDP2_HEALTHY,
+              FSDP2_DIVERGES)
+REPORT_TIMEOUT_S = 5.0  # the skipping job's: far above a healthy report's wait here (milliseconds)
 LIGHTNING_JOBS = (HEALTHY, NO_SAMPLER, SKIPS_STEPS, DIVERGES)
 FAULTY = 1
 STRAGGLER_DELAY_S = 0.6
@@ -48,36 +60,64 @@ class Net(nn.Module):
         return self.layers(x)
 
 
-def _data() -> TensorDataset:
+def _data(rows: int = ROWS) -> TensorDataset:
     g = torch.Generator().manual_seed(0)
-    return TensorDataset(torch.randn(ROWS, FEATURES, generator=g), torch.randint(0, CLASSES, (ROWS,), generator=g))
+    return TensorDataset(torch.randn(rows, FEATURES, generator=g), torch.randint(0, CLASSES, (rows,), generator=g))
+
+
+def _slow_collate(rows: list) -> Any:
+    time.sleep(STRAGGLER_DELAY_S)
+    return default_collate(rows)
 
 
 def _loader(ctx: RankContext, fault: str) -> DataLoader:
+    faulty = ctx.rank == FAULTY
+    if fault == UNEVEN_SAMPLES and faulty:  # twice the rows per batch, as many batches
+        data = _data(2 * ROWS)
+        return DataLoader(data, batch_size=2 * BATCH, sampler=DistributedSampler(data, shuffle=False))
     data = _data()
-    if fault == NO_SAMPLER and ctx.rank == FAULTY:
+    if fault == NO_SAMPLER and faulty:
         return DataLoader(data, batch_size=BATCH)
-    return DataLoader(data, batch_size=BATCH, sampler=DistributedSampler(data, shuffle=False))
+    collate = _slow_collate if fault == SLOW_LOADER and faulty else None
+    return DataLoader(data, batch_size=BATCH, sampler=DistributedSampler(data, shuffle=False), collate_fn=collate)
+
+
+def _model(ctx: RankContext, fault: str) -> nn.Module:
+    """The job's model: our bucketed DDP, or sharded as FSDP2 (ours, or torch's over HSDP's mesh)."""
+    net = Net(STRAGGLER_DELAY_S if fault == STRAGGLER and ctx.rank == FAULTY else 0.0)
+    if fault == FSDP2_HEALTHY:
+        from cs336_systems.fsdp import fully_shard
+
+        return fully_shard(net)
+    if fault == FSDP2_DIVERGES:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard as torch_fully_shard
+
+        mesh = init_device_mesh("cpu", (ctx.world_size, 1), mesh_dim_names=("replicate", "shard"))
+        return torch_fully_shard(net, mesh=mesh)
+    from cs336_systems.ddp import BucketedDDP
+
+    return BucketedDDP(net)
 
 
 def _perturb(module: nn.Module) -> None:
     with torch.no_grad():
-        next(module.parameters()).add_(1e-3)
+        first = next(module.parameters())
+        (first.to_local() if hasattr(first, "to_local") else first).add_(1e-3)
 
 
 def plain_job(ctx: RankContext, fault: str) -> list[str]:
-    """A plain loop with our bucketed DDP; the doctor's three lines marked."""
-    from cs336_systems.ddp import BucketedDDP
+    """A plain loop with our bucketed DDP (or FSDP2); the doctor's three lines marked."""
     from cs336_systems.doctor import JobDoctor  # line 1
 
-    model = BucketedDDP(Net(STRAGGLER_DELAY_S if fault == STRAGGLER and ctx.rank == FAULTY else 0.0))
+    model = _model(ctx, fault)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = _loader(ctx, fault)
     doctor = JobDoctor(model, optimizer, loader, **OPTIONS)  # line 2
     for step, (x, y) in zip(range(STEPS), loader):
         F.cross_entropy(model(x), y).backward()
-        if fault == DIVERGES and ctx.rank == FAULTY and step == 0:
-            _perturb(model.module)
+        if fault in (DIVERGES, FSDP2_DIVERGES) and ctx.rank == FAULTY and step == 0:
+            _perturb(model)
         if not (fault == SKIPS_STEPS and ctx.rank == FAULTY and step == 1):
             optimizer.step()
         optimizer.zero_grad()
@@ -134,3 +174,22 @@ def run_doctor_jobs(ctx: RankContext) -> dict[str, list[str]]:
     found = {f"plain-{fault}": plain_job(ctx, fault) for fault in PLAIN_JOBS}
     found.update({f"lightning-{fault}": lightning_job(ctx, fault) for fault in LIGHTNING_JOBS})
     return found
+
+
+def skips_iteration_job(ctx: RankContext) -> list[str]:
+    """Rank 1 skips its second iteration: rank 0's third waits in an all-reduce rank 1 never joins,
+    while rank 1 waits in report(), which must end the job within REPORT_TIMEOUT_S."""
+    from cs336_systems.doctor import JobDoctor
+
+    torch.set_num_threads(1)
+    model = _model(ctx, HEALTHY)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = _loader(ctx, HEALTHY)
+    doctor = JobDoctor(model, optimizer, loader, report_timeout_s=REPORT_TIMEOUT_S, **OPTIONS)
+    for step, (x, y) in zip(range(STEPS), loader):
+        if ctx.rank == FAULTY and step == 1:
+            continue
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return doctor.report(print_findings=False)

@@ -161,3 +161,22 @@ def test_times_that_do_not_grow_fall_back_to_the_smallest_and_largest_payloads()
     o, w, r2, note = fit_calibration(PAYLOADS, seconds)
     assert r2 is None and o == seconds[0] and w == PAYLOADS[-1] / seconds[-1]
     assert "did not grow with the payload" in note
+
+
+# --------------------------------------------------------------------------------------------
+# The in-job doctor's report when a rank never arrives (doctor/job_findings.py)
+
+
+def test_a_missing_rank_is_named_with_what_it_last_did():
+    from cs336_systems.doctor.exchange import Progress
+    from cs336_systems.doctor.job_findings import RankObservation, find_missing_at_report
+
+    arrived = RankObservation(1, 2, "gloo", "h", "cpu", batches=2, optimizer_steps=2)
+    [skipped] = find_missing_at_report([arrived], {0: Progress(3, 2, "started batch 3")}, 30.0)
+    assert skipped.startswith("rank 0 did not reach report() within 30 s (last seen: rank 0: started batch 3")
+    assert "Rank 1 ran fewer iterations than rank 0 started" in skipped
+    # The missing rank is behind, or never wrote: slower or stuck, not a skipped iteration.
+    [slow] = find_missing_at_report([arrived], {0: Progress(1, 1, "started batch 1")}, 30.0)
+    assert "Rank 0 is slower or stuck" in slow and "report_timeout_s" in slow
+    [silent] = find_missing_at_report([arrived], {0: None}, 30.0)
+    assert "rank 0: no batch yet" in silent

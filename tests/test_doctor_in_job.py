@@ -4,11 +4,15 @@ a healthy job. One launch of 2 gloo ranks runs every job."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from cs336_systems.launch import launch
-from tests.doctor_job_cases import (DIVERGES, HEALTHY, LIGHTNING_JOBS, NO_SAMPLER, PLAIN_JOBS, SKIPS_STEPS,
-                                    STRAGGLER, run_doctor_jobs)
+from cs336_systems.launch.spawn import RankFailedError
+from tests.doctor_job_cases import (DIVERGES, FSDP2_DIVERGES, FSDP2_HEALTHY, HEALTHY, LIGHTNING_JOBS, NO_SAMPLER,
+                                    PLAIN_JOBS, REPORT_TIMEOUT_S, SKIPS_STEPS, SLOW_LOADER, STRAGGLER,
+                                    UNEVEN_SAMPLES, run_doctor_jobs, skips_iteration_job)
 
 pytestmark = [pytest.mark.problem("beyond"), pytest.mark.timeout(300), pytest.mark.xdist_group("doctor-in-job")]
 
@@ -21,7 +25,12 @@ EXPECTED = {
     DIVERGES: ["rank 1's parameters differ from rank 0's in 1 of 4 (first: ",
                "after the first optimizer step"],
     STRAGGLER: ["rank 1 is a straggler"],
+    SLOW_LOADER: ["rank 1 waits for its data: at least "],
+    UNEVEN_SAMPLES: ["different numbers of samples per step (batch 0: rank 0: 4, rank 1: 8)"],
+    FSDP2_DIVERGES: ["rank 1's parameters differ from rank 0's in 1 of 4 (first: ",
+                     "after the first optimizer step"],
 }
+SILENT = (HEALTHY, FSDP2_HEALTHY)
 JOBS = [f"plain-{f}" for f in PLAIN_JOBS] + [f"lightning-{f}" for f in LIGHTNING_JOBS]
 _runs: dict[str, list[dict]] = {}
 
@@ -38,7 +47,7 @@ def test_finds_the_planted_fault_and_nothing_else(job: str):
     per_rank = [ranks[job] for ranks in _findings()]
     assert per_rank[0] == per_rank[1], "every rank judges alike"
     found = per_rank[0]
-    if fault == HEALTHY:
+    if fault in SILENT:
         assert found == [], found
         return
     expected = EXPECTED[fault]
@@ -46,3 +55,18 @@ def test_finds_the_planted_fault_and_nothing_else(job: str):
     text = " | ".join(found)
     for phrase in expected:
         assert phrase in text, (phrase, found)
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_skips_an_iteration_ends_the_job_with_a_finding_naming_it():
+    """Rank 1 skips an iteration: rank 0 waits in that iteration's all-reduce for ever, rank 1 in
+    report(). The report's deadline ends the job (well within a minute) and names both."""
+    start = time.monotonic()
+    with pytest.raises(RankFailedError, match=f"rank 0 did not reach report\\(\\) within {REPORT_TIMEOUT_S:g} s") as error:
+        launch(skips_iteration_job, 2, timeout_s=120)
+    assert time.monotonic() - start < 60
+    text = str(error.value)
+    assert "rank1 failed first" in text and "DoctorTimeout" in text, text
+    assert "(last seen: rank 0: started batch 3 (2 optimizer steps))" in text, text
+    assert ("arrived: rank 1 after 2 batches and 2 optimizer steps. Rank 1 ran fewer iterations than rank 0 "
+            "started") in text, text

@@ -14,6 +14,7 @@ of gradients reduced by one all-reduce; the *payload* the bytes one collective m
 * auto_bucket.py, calibration.py, overhead_model.py  problem 6b: the overhead model, the all-reduce
                    calibration and ``bucket_size_mb="auto"``
 * variants.py      the registry of variants every other part uses
+* torch_keywords.py  torch's DistributedDataParallel keywords, read into ours (or refused in one line)
 """
 
 from cs336_systems.ddp.auto_bucket import AutoBucketedDDP

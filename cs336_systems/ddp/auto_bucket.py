@@ -182,7 +182,11 @@ class AutoBucketedDDP(BucketedDDP):
     """
 
     def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, **levers: Any):
-        """``levers``: BucketedDDP's keyword options (``first_bucket_mb``, ``comm_dtype``, ...)."""
+        """``levers``: BucketedDDP's keyword options (``first_bucket_mb``, ``comm_dtype``, ...) and
+        torch's DDP keywords but ``bucket_cap_mb``, which this wrapper chooses itself."""
+        if levers.get("bucket_cap_mb") is not None:
+            raise ValueError(f"AutoBucketedDDP chooses the bucket cap itself; got bucket_cap_mb={levers['bucket_cap_mb']!r} "
+                             "(BucketedDDP takes one)")
         super().__init__(module, DEFAULT_BUCKET_MB, process_group, **levers)
         self.bucket_size_mb = AUTO
         sizes = [p.numel() * p.element_size() for p in self.synced_params]

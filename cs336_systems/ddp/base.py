@@ -27,7 +27,10 @@ gradients, so a zero gradient would wrongly apply weight decay). Each variant th
 learns, with the same communication on every rank, how many ranks produced each gradient:
 missing local gradients count as zeros, and a gradient stays ``None`` only where that count
 is zero everywhere. Only a rank that lacks some gradient needs to read that count, so a step
-in which every rank has every gradient never waits for the device.
+in which every rank has every gradient never waits for the device. So ours need no
+``find_unused_parameters=True``; given torch's ``find_unused_parameters=False``, a parameter whose
+hook did not fire in a synchronised backward makes the next forward raise, naming it, as torch's
+DDP does (a host-side set of fired hooks: no device wait).
 
 When gradients are reduced: as torch's DDP does, when the backward pass of a synchronised
 forward ends, with no call needed. A post-accumulate-grad hook on every synchronised parameter
@@ -55,6 +58,7 @@ from cs336_systems.comm.coalesced import broadcast_coalesced
 from cs336_systems.comm.end_of_backward import AtEndOfBackward
 from cs336_systems.ddp.bucket import read_together
 from cs336_systems.ddp.mean_all_reduce import MeanAllReduce
+from cs336_systems.ddp.torch_keywords import resolve
 
 
 def check_module(module: nn.Module) -> list[nn.Parameter]:
@@ -113,16 +117,13 @@ class DataParallel(nn.Module):
     no gradient reached this rank's hooks; and may extend :meth:`_on_grad_ready`.
     """
 
-    def __init__(
-        self,
-        module: nn.Module,
-        process_group: dist.ProcessGroup | None = None,
-        *,
-        broadcast_buffers: bool = True,
-    ):
+    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, *,
+                 buckets: bool = False, **torch_keywords: Any):
+        """``torch_keywords``: torch's ``DistributedDataParallel`` keywords (torch_keywords.py);
+        ``buckets``: the subclass takes ``bucket_cap_mb`` and ``gradient_as_bucket_view`` itself."""
         params = check_module(module)
-        if not isinstance(broadcast_buffers, bool):
-            raise TypeError(f"broadcast_buffers must be True or False, got {broadcast_buffers!r}")
+        keywords = resolve(type(self).__name__, params, process_group, buckets=buckets, **torch_keywords)
+        process_group, broadcast_buffers = keywords.process_group, keywords.broadcast_buffers
         super().__init__()
         self.module = module
         self.process_group = process_group
@@ -149,8 +150,15 @@ class DataParallel(nn.Module):
         self._awaiting_sync = False
         self._at_end_of_backward = AtEndOfBackward(self.finish_gradient_synchronization)
         self.allreduce_calls_last_step = 0
+        self._param_names = {id(p): n for n, p in module.named_parameters()}
+        # find_unused_parameters=False (torch's meaning): the synchronised parameters whose hook
+        # did not fire in a synchronised backward are named by the next forward, as torch's is.
+        self._refuse_unused = keywords.refuse_unused
+        self._ready_ids: set[int] = set()  # ids of the parameters whose hook fired this backward
+        self._unused_last_backward: list[str] = []
         self._src = dist.get_global_rank(process_group, 0) if process_group is not None else 0
-        broadcast_coalesced(list(module.parameters()) + list(module.buffers()), src=self._src, group=process_group)
+        if keywords.init_sync:
+            broadcast_coalesced(list(module.parameters()) + list(module.buffers()), src=self._src, group=process_group)
         # The hooks reach the wrapper through a weak reference: a parameter holds its hooks where
         # the garbage collector cannot follow, so a hook holding the wrapper would keep the
         # wrapper, the module and every gradient buffer alive after the last user reference.
@@ -164,7 +172,7 @@ class DataParallel(nn.Module):
         self._hook_handles = [p.register_post_accumulate_grad_hook(on_grad_ready) for p in self.synced_params]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        self._check_not_released()
+        self._check_can_forward()
         self._before_forward()
         if self.broadcast_buffers and self._buffers_stale:
             self._broadcast_buffers()
@@ -232,6 +240,22 @@ class DataParallel(nn.Module):
         """A gradient of a synchronised backward is final: the first of a backward queues the
         reduction to run when that backward ends (see the module docstring)."""
         self._at_end_of_backward.queue()
+        self._ready_ids.add(id(param))
+
+    def _check_can_forward(self) -> None:
+        """Not released; and, with ``find_unused_parameters=False``, raise for the parameters the
+        last synchronised backward left without a gradient on this rank, at the next forward, as
+        torch's DDP does (its reducer finds the bucket it never finished there)."""
+        self._check_not_released()
+        unused, self._unused_last_backward = self._unused_last_backward, []
+        if unused:
+            shown = ", ".join(unused[:5]) + (" ..." if len(unused) > 5 else "")
+            raise RuntimeError(
+                f"{type(self).__name__} was built with find_unused_parameters=False, but the last backward on rank "
+                f"{self.rank} produced no gradient for {len(unused)} parameter(s): {shown}. As torch's "
+                "DistributedDataParallel, it refuses to go on: use them in the loss, or pass "
+                "find_unused_parameters=True if they are meant to go unused"
+            )
 
     def finish_gradient_synchronization(self) -> None:
         """Reduce this step's gradients now if the backward has not already done so; otherwise
@@ -241,6 +265,10 @@ class DataParallel(nn.Module):
         if not self._awaiting_sync:
             return
         self._awaiting_sync = False
+        if self._refuse_unused:  # read on the host before the reduction resets the step's state
+            self._unused_last_backward = [self._param_names.get(id(p), "?") for p in self.synced_params
+                                          if id(p) not in self._ready_ids]
+        self._ready_ids = set()
         self._synchronize()
 
     def _synchronize(self) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -77,28 +77,34 @@ class BucketedDDP(OverlappedDataParallel):
         bucket_size_mb: float | None = DEFAULT_BUCKET_MB,
         process_group: dist.ProcessGroup | None = None,
         *,
+        bucket_cap_mb: float | None = None,
         gradient_as_bucket_view: bool = True,
         first_bucket_mb: float | None = 1.0,
         reorder_after_first_step: bool = True,
         comm_dtype: torch.dtype | None = None,
-        broadcast_buffers: bool = True,
+        **torch_keywords: Any,
     ):
+        """``bucket_cap_mb``: torch DDP's name for ``bucket_size_mb`` (give one of them);
+        ``torch_keywords``: torch's other DDP keywords (torch_keywords.py)."""
         # Validated before the base class broadcasts anything, so a bad call fails alone.
+        if bucket_cap_mb is not None:
+            if bucket_size_mb != DEFAULT_BUCKET_MB:
+                raise ValueError(f"give bucket_size_mb or bucket_cap_mb (torch's name), not both: got "
+                                 f"{bucket_size_mb!r} and {bucket_cap_mb!r}")
+            bucket_size_mb = bucket_cap_mb
         cap_bytes = math.inf if bucket_size_mb is None else bucket_cap_bytes(bucket_size_mb)
         first_cap_bytes = None if first_bucket_mb is None else bucket_cap_bytes(first_bucket_mb)
         if comm_dtype is not None and not (
             isinstance(comm_dtype, torch.dtype) and comm_dtype.is_floating_point
         ):
             raise ValueError(f"comm_dtype must be a floating-point torch.dtype, got {comm_dtype!r}")
-        for name, flag in (("gradient_as_bucket_view", gradient_as_bucket_view),
-                           ("reorder_after_first_step", reorder_after_first_step)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be True or False, got {flag!r}")
+        if not isinstance(gradient_as_bucket_view, bool):
+            raise TypeError(f"gradient_as_bucket_view must be True or False, got {gradient_as_bucket_view!r}")
         # A gradient cannot be a view of a buffer of another dtype.
         layout = BucketLayout(cap_bytes, first_cap_bytes, comm_dtype, gradient_as_bucket_view and comm_dtype is None)
         super().__init__(
             module, process_group, layout,
-            reorder_after_first_step=reorder_after_first_step, broadcast_buffers=broadcast_buffers,
+            reorder_after_first_step=reorder_after_first_step, buckets=True, **torch_keywords,
         )
         self.bucket_size_mb = bucket_size_mb
         self.layout = layout

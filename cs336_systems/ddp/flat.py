@@ -7,6 +7,8 @@ bucket per dtype and device: bucket.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from cs336_systems.comm.coalesced import group_by_dtype_and_device
@@ -17,8 +19,9 @@ from cs336_systems.ddp.bucket import GradBucket, write_reduced_grads
 class FlatDDP(DataParallel):
     """Gradients are averaged when backward ends (base.py); then ``optimizer.step()``."""
 
-    def __init__(self, module: nn.Module, process_group=None, *, broadcast_buffers: bool = True):
-        super().__init__(module, process_group, broadcast_buffers=broadcast_buffers)
+    def __init__(self, module: nn.Module, process_group=None, **torch_keywords: Any):
+        """``torch_keywords``: torch's DDP keywords (torch_keywords.py)."""
+        super().__init__(module, process_group, **torch_keywords)
         # Allocated once: a fresh buffer per step would cost an allocation the size of the model.
         self._buckets = [GradBucket(g) for g in group_by_dtype_and_device(self.synced_params)]
 

@@ -6,6 +6,8 @@ pays one collective's fixed cost per parameter tensor and overlaps nothing with 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from cs336_systems.ddp.base import DataParallel, UsageCount
@@ -14,8 +16,9 @@ from cs336_systems.ddp.base import DataParallel, UsageCount
 class NaiveDDP(DataParallel):
     """Gradients are averaged when backward ends (base.py); then ``optimizer.step()``."""
 
-    def __init__(self, module: torch.nn.Module, process_group=None, *, broadcast_buffers: bool = True):
-        super().__init__(module, process_group, broadcast_buffers=broadcast_buffers)
+    def __init__(self, module: torch.nn.Module, process_group=None, **torch_keywords: Any):
+        """``torch_keywords``: torch's DDP keywords (torch_keywords.py)."""
+        super().__init__(module, process_group, **torch_keywords)
         self._usage = UsageCount(self.synced_params)
 
     def _synchronize(self) -> None:

@@ -29,7 +29,7 @@ base.py); after it the next step starts clean.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 import torch.distributed as dist
@@ -70,14 +70,15 @@ class OverlappedDataParallel(DataParallel):
         build_units: UnitFactory,
         *,
         reorder_after_first_step: bool = True,
-        broadcast_buffers: bool = True,
+        **torch_keywords: Any,
     ):
-        super().__init__(module, process_group, broadcast_buffers=broadcast_buffers)
-        self._param_names = {id(p): n for n, p in module.named_parameters()}
+        """``torch_keywords``: torch's DDP keywords (base.py, torch_keywords.py)."""
+        if not isinstance(reorder_after_first_step, bool):
+            raise TypeError(f"reorder_after_first_step must be True or False, got {reorder_after_first_step!r}")
+        super().__init__(module, process_group, **torch_keywords)
         self._reorder_pending = reorder_after_first_step
         self._cursor = 0  # the next unit to launch
         self._ready_order: list[int] = []  # ids of parameters, in the order hooks fired
-        self._ready_ids: set[int] = set()
         self.launch_order: list[nn.Parameter] = list(reversed(self.synced_params))
         self.rebuild_units(build_units)
 
@@ -116,7 +117,6 @@ class OverlappedDataParallel(DataParallel):
         self._ready_order, self._ready_ids = [], set()
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
-        super()._on_grad_ready(param)
         key = id(param)
         if key in self._ready_ids:
             raise RuntimeError(
@@ -124,8 +124,8 @@ class OverlappedDataParallel(DataParallel):
                 "this step's reduction ended (a backward nested in another, as reentrant activation "
                 "checkpointing runs one?): use torch.utils.checkpoint with use_reentrant=False"
             )
+        super()._on_grad_ready(param)
         self._ready_order.append(key)
-        self._ready_ids.add(key)
         self._unit_of[key].mark_ready(param)
         units = self._units
         while self._cursor < len(units) and units[self._cursor].pending == 0:

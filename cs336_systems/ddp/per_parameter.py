@@ -7,7 +7,7 @@ cost is still paid once per parameter; bucketing (bucketed.py) amortises it.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -103,6 +103,6 @@ class PerParameterDDP(OverlappedDataParallel):
     per parameter, the ranks that produced its gradient (see base.py on unused parameters).
     """
 
-    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, **options: bool):
-        """``options``: OverlappedDataParallel's (``reorder_after_first_step``, ``broadcast_buffers``)."""
+    def __init__(self, module: nn.Module, process_group: dist.ProcessGroup | None = None, **options: Any):
+        """``options``: ``reorder_after_first_step`` and torch's DDP keywords (torch_keywords.py)."""
         super().__init__(module, process_group, parameter_units, **options)

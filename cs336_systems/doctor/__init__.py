@@ -50,7 +50,7 @@ from cs336_systems.doctor.findings import (
     ranks_text,
 )
 from cs336_systems.doctor.format import exit_status, format_job_report, format_report
-from cs336_systems.doctor.in_job import JobDoctor
+from cs336_systems.doctor.in_job import DoctorTimeout, JobDoctor
 from cs336_systems.doctor.report import CalibrationRow, DoctorReport, RankInfo
 from cs336_systems.doctor.run import DoctorRun, parameter_checksums, run_doctor, run_doctor_scenarios
 from cs336_systems.doctor.setting import (

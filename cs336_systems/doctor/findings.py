@@ -122,12 +122,15 @@ def _first_overlap(indices_per_rank: Sequence[Sequence[int]]) -> tuple[int, int,
 
 
 def find_parameter_mismatches(
-    checksums_per_rank: Sequence[Sequence[ParameterChecksum]], names: Sequence[str], stage: str
+    checksums_per_rank: Sequence[Sequence[ParameterChecksum]], names: Sequence[str], stage: str,
+    peers: Sequence[Sequence[int]] | None = None,
 ) -> list[str]:
     """Ranks whose parameters differ from rank 0's at ``stage`` (a key of STAGE_CAUSES).
 
     Parameters are compared by ``bit_sum``: equal bits give equal sums whatever the summation
-    order, and a changed value almost always changes its bits' integer sum.
+    order, and a changed value almost always changes its bits' integer sum. ``peers[r][i]``, if
+    given, is the rank whose parameter ``i`` rank ``r``'s must equal instead of rank 0's (``r``
+    itself: nothing to compare, as for a shard no other rank holds).
     """
     if stage not in STAGE_CAUSES:
         raise ValueError(f"stage must be one of {list(STAGE_CAUSES)}, got {stage!r}")
@@ -139,14 +142,17 @@ def find_parameter_mismatches(
         listed = ", ".join(f"rank {r}: {k}" for r, k in enumerate(counts))
         return [f"ranks hold different numbers of parameters {stage} ({listed}): ranks built different models"]
     differing = []
-    for rank, checksums in enumerate(checksums_per_rank[1:], start=1):
-        bad = [i for i, (mine, ref) in enumerate(zip(checksums, reference)) if mine.bit_sum != ref.bit_sum]
+    for rank, checksums in enumerate(checksums_per_rank):
+        peer_of = peers[rank] if peers is not None else [0] * len(names)
+        bad = [i for i, mine in enumerate(checksums)
+               if peer_of[i] != rank and mine.bit_sum != checksums_per_rank[peer_of[i]][i].bit_sum]
         if bad:
             first = bad[0]
+            peer = peer_of[first]
             differing.append(
-                f"rank {rank}'s parameters differ from rank 0's in {len(bad)} of {len(names)} "
+                f"rank {rank}'s parameters differ from rank {peer}'s in {len(bad)} of {len(names)} "
                 f"(first: {names[first]}, value sum {checksums[first].value_sum:.6g} vs "
-                f"{reference[first].value_sum:.6g})"
+                f"{checksums_per_rank[peer][first].value_sum:.6g})"
             )
     if not differing:
         return []
@@ -168,25 +174,34 @@ def find_stragglers(
     load average of each rank's host per core, adds a warning for oversubscribed hosts.
     """
     problems = []
-    for rank, mine in enumerate(compute_s_per_rank):
-        others = [t for r, t in enumerate(compute_s_per_rank) if r != rank]
-        if not others:
-            continue
-        typical = statistics.median(others)
-        if mine > factor * typical and mine - typical > min_excess_s:
-            ratio = f"{mine / typical:.1f}x" if typical > 0 else "far more than"
-            load = load_per_core[rank] if load_per_core is not None else None
-            busy = (
-                f". Its host is oversubscribed (load average {load:.1f} per core), which alone "
-                "can do this: rerun when the host is quiet"
-                if load is not None and load > 1
-                else ""
-            )
-            problems.append(
-                f"rank {rank} is a straggler: its fastest step computes in {mine * 1e3:.1f} ms, {ratio} the "
-                f"median of the other ranks ({typical * 1e3:.1f} ms), and every other rank waits "
-                "for it in each gradient all-reduce. Look for a slower or shared device, CPU "
-                "contention (threads per rank), or extra work on that rank (logging, data loading)"
-                + busy
-            )
+    for rank, mine, typical in slow_outliers(compute_s_per_rank, factor, min_excess_s):
+        ratio = f"{mine / typical:.1f}x" if typical > 0 else "far more than"
+        load = load_per_core[rank] if load_per_core is not None else None
+        busy = (
+            f". Its host is oversubscribed (load average {load:.1f} per core), which alone "
+            "can do this: rerun when the host is quiet"
+            if load is not None and load > 1
+            else ""
+        )
+        problems.append(
+            f"rank {rank} is a straggler: its fastest step computes in {mine * 1e3:.1f} ms, {ratio} the "
+            f"median of the other ranks ({typical * 1e3:.1f} ms), and every other rank waits "
+            "for it in each gradient all-reduce. Look for a slower or shared device, CPU "
+            "contention (threads per rank), or extra work on that rank (logging, data loading)"
+            + busy
+        )
     return problems
+
+
+def slow_outliers(seconds_per_rank: Sequence[float], factor: float,
+                  min_excess_s: float = 0.0) -> list[tuple[int, float, float]]:
+    """``(rank, its time, the other ranks' median)`` for each rank more than ``factor`` times
+    (and ``min_excess_s``) slower than the median of the others."""
+    found = []
+    for rank, mine in enumerate(seconds_per_rank):
+        others = [t for r, t in enumerate(seconds_per_rank) if r != rank]
+        if others:
+            typical = statistics.median(others)
+            if mine > factor * typical and mine - typical > min_excess_s:
+                found.append((rank, mine, typical))
+    return found

@@ -70,11 +70,12 @@ def format_job_report(ranks: list, findings: list[str]) -> str:
 
     rows = [[r.rank, r.world_size, r.backend, r.hostname[:16], r.device, r.sampler or "-", r.batches_per_epoch or "-",
              r.batches, r.samples, r.optimizer_steps, median_ms(r.step_s), median_ms(r.compute_s),
-             _ms(min(r.compute_s[1:])) if len(r.compute_s) > 1 else "-"] for r in ranks]
+             _ms(min(r.compute_s[1:])) if len(r.compute_s) > 1 else "-", median_ms(r.data_wait_s)] for r in ranks]
     header = ["rank", "world", "backend", "host", "device", "sampler", "per epoch", "batches", "samples", "steps",
-              "step ms", "compute ms", "fastest"]
+              "step ms", "compute ms", "fastest", "data ms"]
     lines = [f"DDP doctor, inside the job: {len(ranks)} ranks", cli.format_table(header, rows, right=lambda i: i > 5),
-             "(compute: the batch's forward to the end of backward's own work, before DDP's reduction)",
+             "(compute: the batch's forward to the end of backward's own work, before DDP's reduction; "
+             "data: an optimizer step to the next batch's start)",
              f"FOUND {len(findings)} problem{'s' if len(findings) > 1 else ''}:"]
     lines += [f"  {i}. {finding}" for i, finding in enumerate(findings, start=1)]
     return "\n".join(lines)

@@ -13,19 +13,28 @@ What it watches, through hooks only (the loop is not changed):
 
 * the group: world size, backend, host and device of each rank;
 * the data: the loader's sampler (a ``DistributedSampler`` of this group?), batches per epoch,
-  the batches and samples each rank trained on, and whether the ranks' first batches coincide;
+  the batches and the samples of each batch each rank trained on (ranks training different
+  numbers of samples per step), and whether the ranks' first batches coincide;
 * the steps: optimizer steps per rank (a rank that skipped ``optimizer.step()``);
 * the replicas: checksums of every parameter after the first optimizer step and at the end,
-  compared across ranks (parameters the module holds as DTensors, FSDP's shards, differ by
-  design and are left out);
+  compared across the ranks that must hold the same values: every rank for a plain parameter;
+  for a DTensor (FSDP2's shards) the local shard, compared across the ranks holding the same
+  shard (HSDP's replicas; with plain sharding each shard has one holder, nothing to compare);
 * the time: per step, from the batch's forward to the end of backward's own computation (before
-  DDP's reduction, where a fast rank waits for a slow one: ``BackwardClock``), and the time
-  between optimizer steps; a rank whose fastest compute is well above the others' is a straggler.
+  DDP's reduction, where a fast rank waits for a slow one: ``BackwardClock``), the time from an
+  optimizer step to the next batch's start (what the rank waits for its data), and the time
+  between optimizer steps; a rank whose fastest compute, or fastest wait for data, is well above
+  the others' is a straggler.
 
-Cost: nothing is communicated until :meth:`report`; the first batch and the parameters after
-the first step are read once (a host-device wait each on a GPU), and every backward waits for
-the compute stream once, to read the clock (``timed=False`` turns the clock off). A healthy job
-prints nothing; each problem is one finding with one line of advice (job_findings.py).
+:meth:`report` exchanges the observations through the job's key-value store with a deadline
+(exchange.py), not a collective: a rank that never arrives (it is still inside an iteration
+another rank skipped) is named with what it last did, and the report raises instead of hanging.
+
+Cost: no collective; one small write to the store per batch and per optimizer step (the progress
+a report quotes of a missing rank); the first batch and the parameters after the first step are
+read once (a host-device wait each on a GPU), and every backward waits for the compute stream
+once, to read the clock (``timed=False`` turns the clock off). A healthy job prints nothing;
+each problem is one finding with one line of advice (job_findings.py).
 """
 
 from __future__ import annotations
@@ -44,16 +53,20 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from cs336_systems.comm.timing import BackwardClock
 from cs336_systems.doctor.findings import AFTER_FIRST_STEP, AFTER_TRAINING, ParameterChecksum
-from cs336_systems.doctor.job_findings import DISTRIBUTED_SAMPLER, RankObservation, job_findings
+from cs336_systems.doctor.exchange import Progress, StoreExchange
+from cs336_systems.doctor.job_findings import (DISTRIBUTED_SAMPLER, RankObservation, find_missing_at_report,
+                                               job_findings)
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def replica_checksums(params: list[torch.Tensor]) -> list[ParameterChecksum]:
-    """One :class:`ParameterChecksum` per tensor (bits summed as integers: exact, order-free)."""
+    """One :class:`ParameterChecksum` per tensor (bits summed as integers: exact, order-free); of
+    a DTensor, its local part: no collective, so a report cannot pair with a late rank's."""
     out = []
     with torch.no_grad():
         for p in params:
+            p = p.to_local() if isinstance(p, DTensor) else p
             bits = p.detach().contiguous().view(_INT_OF_SIZE[p.element_size()])
             values = p.detach().double()
             out.append(ParameterChecksum(int(bits.sum(dtype=torch.int64)), float(values.sum()),
@@ -70,6 +83,19 @@ def batch_checksum(batch: Any) -> int:
     return crc
 
 
+def shard_key(param: torch.Tensor) -> tuple:
+    """Which ranks must hold the same values of ``param``: ``()`` for a plain tensor (every rank);
+    for a DTensor (FSDP2's shards), its mesh and this rank's coordinates along the dimensions it
+    is sharded over, so that ranks differing only along replicated ones (HSDP's replicas) match,
+    and a shard no other rank holds is compared with nothing."""
+    if not isinstance(param, DTensor):
+        return ()
+    mesh = param.device_mesh
+    coordinate = mesh.get_coordinate() or []
+    sharded = tuple(c for c, placement in zip(coordinate, param.placements) if not placement.is_replicate())
+    return (tuple(mesh.mesh.flatten().tolist()), sharded)
+
+
 def batch_rows(batch: Any) -> int:
     """Rows of the batch: the first dimension of its first tensor."""
     for t in tree_leaves(batch):
@@ -83,20 +109,25 @@ class JobDoctor:
 
     ``model``: what the loop calls (a DDP wrapper, or the module); ``optimizer``: one or a list;
     ``loader``: the training DataLoader, or None. The Lightning callback calls the ``on_*``
-    methods itself and passes ``model=None``.
+    methods itself and passes ``model=None``. ``report_timeout_s``: how long :meth:`report` waits
+    for the other ranks before it reports the missing ones and raises :class:`DoctorTimeout`.
     """
 
     def __init__(self, model: nn.Module | None, optimizer: torch.optim.Optimizer | list | None = None,
                  loader: DataLoader | None = None, *, timed: bool = True, straggler_factor: float = 1.5,
-                 straggler_min_excess_s: float = 0.02):
+                 straggler_min_excess_s: float = 0.02, report_timeout_s: float = 30.0):
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("JobDoctor needs the job's process group: create it (init_process_group, or "
                                "Lightning's strategy) before the doctor")
         if not straggler_factor > 1:
             raise ValueError(f"straggler_factor must be > 1, got {straggler_factor!r}")
+        if not report_timeout_s > 0:
+            raise ValueError(f"report_timeout_s must be > 0, got {report_timeout_s!r}")
         self.straggler_factor, self.straggler_min_excess_s = straggler_factor, straggler_min_excess_s
+        self.report_timeout_s = report_timeout_s
         self.seen = RankObservation(dist.get_rank(), dist.get_world_size(), dist.get_backend(), socket.gethostname(),
                                     "cpu")
+        self._exchange = StoreExchange(self.seen.rank, self.seen.world_size)
         self._params: list[tuple[str, torch.Tensor]] = []
         self._clock: BackwardClock | None = None
         self._timed = timed
@@ -116,8 +147,9 @@ class JobDoctor:
 
     def watch_model(self, model: nn.Module) -> None:
         named = list(model.named_parameters())
-        self._params = [(n, p) for n, p in named if not isinstance(p, DTensor)]
-        self.seen.names = [n for n, _ in self._params]
+        self._params = named
+        self.seen.names = [n for n, _ in named]
+        self.seen.shard_keys = [shard_key(p) for _, p in named]
         if named:
             self.seen.device = str(named[0][1].device)
             self._clock = BackwardClock(named[0][1].device) if self._timed else None
@@ -150,11 +182,17 @@ class JobDoctor:
 
     def on_batch(self, batch: Any) -> None:
         """A training batch starts."""
+        now = time.perf_counter()
         if self.seen.batches == 0:
             self.seen.first_batch = batch_checksum(batch)
+        elif self._last_step is not None:  # since the last step: loading this batch, mostly
+            self.seen.data_wait_s.append(now - self._last_step)
         self.seen.batches += 1
-        self.seen.samples += batch_rows(batch)
-        self._batch_start = time.perf_counter()
+        rows = batch_rows(batch)
+        self.seen.rows.append(rows)
+        self.seen.samples += rows
+        self._batch_start = now
+        self._note_progress(f"started batch {self.seen.batches}")
 
     def on_loss(self, loss: torch.Tensor) -> None:
         """A tensor whose backward starts this batch's (the model's output, or the loss)."""
@@ -173,24 +211,40 @@ class JobDoctor:
             clock.compute_end = None
         if self.seen.optimizer_steps == 1:
             self.seen.checksums[AFTER_FIRST_STEP] = replica_checksums([p for _, p in self._params])
+        self._note_progress(f"took optimizer step {self.seen.optimizer_steps} after batch {self.seen.batches}")
+
+    def _note_progress(self, doing: str) -> None:
+        """One small write to the store: what the ranks that reach report() say of a missing one."""
+        self._exchange.note_progress(Progress(self.seen.batches, self.seen.optimizer_steps, doing))
 
     # -- the report ----------------------------------------------------------------------------
 
     def report(self, print_findings: bool = True) -> list[str]:
-        """Gather every rank's observations (a collective: every rank calls it) and return the
-        findings, the same on every rank; rank 0 prints them with the per-rank table, and
-        nothing on a healthy job."""
+        """Gather every rank's observations (every rank calls it) and return the findings, the
+        same on every rank; rank 0 prints them with the per-rank table, and nothing on a healthy
+        job. A rank that does not arrive within ``report_timeout_s`` is a finding of its own:
+        the lowest rank that did arrive prints it, and every rank that did raises
+        :class:`DoctorTimeout` with it, so the job ends instead of waiting (exchange.py)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
         self.seen.checksums[AFTER_TRAINING] = replica_checksums([p for _, p in self._params])
-        gathered: list[RankObservation | None] = [None] * self.seen.world_size
-        dist.all_gather_object(gathered, self.seen)
+        gathered, last = self._exchange.gather(self.seen, self.report_timeout_s)
         ranks = [r for r in gathered if r is not None]
-        findings = job_findings(ranks, self.straggler_factor, self.straggler_min_excess_s)
-        if findings and print_findings and self.seen.rank == 0:
+        if last:
+            findings = find_missing_at_report(ranks, last, self.report_timeout_s)
+        else:
+            findings = job_findings(ranks, self.straggler_factor, self.straggler_min_excess_s)
+        if findings and print_findings and self.seen.rank == ranks[0].rank:
             from cs336_systems.doctor.format import format_job_report
 
             print(format_job_report(ranks, findings), flush=True)
         self.ranks = ranks
+        if last:
+            raise DoctorTimeout(" ".join(findings))
         return findings
+
+
+class DoctorTimeout(RuntimeError):
+    """Some ranks did not reach :meth:`JobDoctor.report` in time; the message says which, and
+    what they last did."""

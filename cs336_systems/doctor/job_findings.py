@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from cs336_systems.doctor.exchange import Progress
 from cs336_systems.doctor.findings import (AFTER_FIRST_STEP, AFTER_TRAINING, ParameterChecksum,
-                                           find_parameter_mismatches, find_stragglers, ranks_text)
+                                           find_parameter_mismatches, find_stragglers, ranks_text, slow_outliers)
 
 DISTRIBUTED_SAMPLER = "DistributedSampler"
 
@@ -31,11 +32,14 @@ class RankObservation:
     batches_per_epoch: int | None = None  # len(loader)
     batches: int = 0  # training batches seen
     samples: int = 0  # rows of those batches
+    rows: list[int] = field(default_factory=list)  # rows of each batch, in order
+    data_wait_s: list[float] = field(default_factory=list)  # from an optimizer step to the next batch's start
     first_batch: int | None = None  # a checksum of the first batch's values
     optimizer_steps: int = 0
     step_s: list[float] = field(default_factory=list)  # time between consecutive optimizer steps
     compute_s: list[float] = field(default_factory=list)  # batch start to backward's own end
     names: list[str] = field(default_factory=list)  # the parameters compared across ranks
+    shard_keys: list[tuple] = field(default_factory=list)  # per parameter: which ranks hold its values (in_job.shard_key)
     checksums: dict[str, list[ParameterChecksum]] = field(default_factory=dict)  # by stage
 
 
@@ -90,6 +94,16 @@ def find_progress_problems(ranks: Sequence[RankObservation]) -> list[str]:
             f"ranks trained on different numbers of batches ({_by_rank(batches)}): a rank that skips a batch "
             "pairs its collectives with another step's. Skip batches on every rank alike, or on none"
         )
+    rows = [r.rows for r in ranks]
+    uneven = next((i for i in range(min(map(len, rows), default=0)) if len({rs[i] for rs in rows}) > 1), None)
+    if uneven is not None:
+        problems.append(
+            f"ranks trained on different numbers of samples per step (batch {uneven}: "
+            f"{_by_rank([rs[uneven] for rs in rows])}): DDP averages the gradients over ranks, not samples, so a "
+            "sample of the rank with fewer weighs more than one of the rank with more, and the step is not the one "
+            "training on the global batch would take. Give every rank the same batch size (the same batch_size=, "
+            "equal shards: DistributedSampler, drop_last=True for an uneven last batch)"
+        )
     steps = [r.optimizer_steps for r in ranks]
     if len(set(steps)) > 1 and len(set(batches)) == 1:
         problems.append(
@@ -107,10 +121,58 @@ def find_parameter_divergence(ranks: Sequence[RankObservation]) -> list[str]:
         return []
     for stage in (AFTER_FIRST_STEP, AFTER_TRAINING):
         if all(stage in r.checksums for r in ranks):
-            found = find_parameter_mismatches([r.checksums[stage] for r in ranks], ranks[0].names, stage)
+            found = find_parameter_mismatches([r.checksums[stage] for r in ranks], ranks[0].names, stage,
+                                              _replica_peers(ranks))
             if found:
                 return found
     return []
+
+
+def _replica_peers(ranks: Sequence[RankObservation]) -> list[list[int]] | None:
+    """Per rank and parameter, the lowest rank holding the same values (its shard key's); None when
+    the ranks list different parameters (find_parameter_mismatches says so)."""
+    keys = [r.shard_keys for r in ranks]
+    if len({len(k) for k in keys}) > 1 or len(keys[0]) != len(ranks[0].names):
+        return None
+    return [[next(s for s in range(len(ranks)) if keys[s][i] == key) for i, key in enumerate(mine)]
+            for mine in keys]
+
+
+def find_slow_loaders(ranks: Sequence[RankObservation], factor: float, min_excess_s: float) -> list[str]:
+    """Ranks that wait for their next batch far longer than the others, at their fastest."""
+    fastest = [min(r.data_wait_s) if r.data_wait_s else None for r in ranks]
+    if len(ranks) < 2 or None in fastest:
+        return []
+    return [
+        f"rank {rank} waits for its data: at least {mine * 1e3:.1f} ms from an optimizer step to its next batch, "
+        f"against {typical * 1e3:.1f} ms on the other ranks (median), and every other rank waits for it in the "
+        "next gradient all-reduce. Load that rank's batches faster: DataLoader(num_workers=..., "
+        "pin_memory=True, persistent_workers=True), lighter per-sample work, or data on a faster disk"
+        for rank, mine, typical in slow_outliers(fastest, factor, min_excess_s)
+    ]
+
+
+def find_missing_at_report(arrived: Sequence[RankObservation], last: dict[int, Progress | None],
+                           timeout_s: float) -> list[str]:
+    """The ranks that did not reach report() within ``timeout_s``, what they last did, and the
+    arrived ranks that ran fewer iterations than a missing one started (they skipped one)."""
+    missing = sorted(last)
+    said = "; ".join(f"rank {r}: " + (f"{p.doing} ({p.optimizer_steps} optimizer steps)" if p else "no batch yet")
+                     for r, p in last.items())
+    here = ", ".join(f"rank {r.rank} after {r.batches} batches and {r.optimizer_steps} optimizer steps"
+                     for r in arrived)
+    started = max((p.batches for p in last.values() if p is not None), default=0)
+    behind = [r.rank for r in arrived if r.batches < started]
+    if behind:
+        why = (f"{ranks_text(behind).capitalize()} ran fewer iterations than {ranks_text(missing)} started: a rank that skips "
+               "an iteration (a rank-local continue or break, a shorter loader) leaves the others waiting in that "
+               "iteration's collectives. Skip iterations on every rank alike (all-reduce the condition first), or "
+               "give every rank the same number of batches")
+    else:
+        why = (f"{ranks_text(missing).capitalize()} is slower or stuck outside the loop the others finished: read its log, "
+               "or raise report_timeout_s if its steps are that long")
+    return [f"{ranks_text(missing)} did not reach report() within {timeout_s:g} s (last seen: {said}); arrived: "
+            f"{here}. {why}"]
 
 
 def find_slow_ranks(ranks: Sequence[RankObservation], factor: float, min_excess_s: float) -> list[str]:
@@ -125,4 +187,5 @@ def job_findings(ranks: Sequence[RankObservation], straggler_factor: float = 1.5
                  straggler_min_excess_s: float = 0.02) -> list[str]:
     """Every finding over the gathered observations, in the order a person would fix them."""
     return (find_sampler_problems(ranks) + find_progress_problems(ranks) + find_parameter_divergence(ranks)
-            + find_slow_ranks(ranks, straggler_factor, straggler_min_excess_s))
+            + find_slow_ranks(ranks, straggler_factor, straggler_min_excess_s)
+            + find_slow_loaders(ranks, straggler_factor, straggler_min_excess_s))

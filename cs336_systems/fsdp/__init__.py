@@ -18,6 +18,7 @@ as torch's ``fully_shard`` per module.
                      sharding), with torch's defaults; ``no_sync()`` for gradient accumulation
 * activation_checkpointing.py   activation checkpointing per layer, and telling a recomputation apart
 * composable.py      ``fully_shard``: every parameter of a module sharded in place, a unit per call
+* module_api.py      ``FSDPModule``: torch's methods on those modules (unshard, reshard, prefetch lists, ...)
 * root.py            one schedule per sharded model, its forward's context (input casting)
 * wrapper.py         ``FullyShardedDataParallel``: checks, rank 0's broadcast, hooks
 * checkpoint.py      torch's state-dict helpers and DCP: shards as ``Shard(0)`` DTensors
@@ -41,7 +42,8 @@ computing the weight gradients of the whole global batch, world size times its s
 adapter uses it by default (``adapters.get_fsdp_exact`` builds it for our bitwise tests).
 """
 
-from cs336_systems.fsdp.composable import FSDPModule, fully_shard
+from cs336_systems.fsdp.composable import fully_shard
+from cs336_systems.fsdp.module_api import FSDPModule
 from cs336_systems.fsdp.activation_checkpointing import checkpoint_layers, is_recomputing
 from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
 from cs336_systems.fsdp.options import FsdpOptions

@@ -19,7 +19,7 @@ needs what it saved (schedule.py). The outermost unit whose forward runs first i
 (lazily, as torch decides): its schedule drives every unit under it, and it keeps its own
 parameters gathered from forward to backward, as torch's root does.
 
-The module stays itself (its class gains ``FSDPModule``'s methods, as torch's does), so its
+The module stays itself (its class gains ``FSDPModule``'s methods, module_api.py, as torch's does), so its
 ``state_dict()`` keys are its own and torch's ``get_model_state_dict(model)`` works on it;
 sharded parameters appear as ``Shard(0)`` DTensors (checkpoint.py).
 
@@ -46,7 +46,8 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from cs336_systems.fsdp.checkpoint import install_state_dict_hooks
 from cs336_systems.fsdp.options import FsdpOptions
-from cs336_systems.fsdp.root import Root, cast_floats
+from cs336_systems.fsdp.module_api import FSDPModule
+from cs336_systems.fsdp.root import Root, cast_floats, root_of, units_under
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
 from cs336_systems.fsdp.torch_keywords import resolve
 from cs336_systems.fsdp.unit import Call, Unit
@@ -103,33 +104,9 @@ def shard_unit(module: nn.Module, compute_dtype: torch.dtype | None,
     return call
 
 
-def units_under(module: nn.Module) -> list[Unit]:
-    """Every unit in ``module``'s subtree, in the order ``modules()`` visits them (every rank's)."""
-    return [u for m in module.modules() if "_fsdp_units" in m.__dict__ for u in m._fsdp_units]
-
-
-def adopt(root: Root, module: nn.Module) -> None:
-    """Every unit module under ``module`` belongs to ``root`` (its hooks find it there)."""
-    for m in module.modules():
-        if "_fsdp_call" in m.__dict__:
-            m.__dict__["_fsdp_owner_root"] = root
-
-
-def _root_of(module: nn.Module) -> Root:
-    """The root that drives ``module``: the one it belongs to, or (a module's first use with no
-    root) a new one rooted at it, over every unit under it, as torch's lazy root."""
-    root = module.__dict__.get("_fsdp_owner_root")
-    if root is None:
-        options: FsdpOptions = module.__dict__["_fsdp_options"]
-        module._fsdp_call.reshard = False  # the root's own parameters stay until backward
-        root = Root(module, units_under(module), [], options, module.__dict__["_fsdp_compute_dtype"])
-        adopt(root, module)
-    return root
-
-
 @torch.compiler.disable
 def _pre_forward(module: nn.Module, args: tuple, kwargs: dict):
-    root = Root.active or _root_of(module)
+    root = Root.active or root_of(module)
     if Root.active is None and root.module is module:  # the root's own forward
         args, kwargs = root.enter(args, kwargs)
     # Otherwise a unit inside the root's forward, or run outside it: rerun by activation
@@ -150,30 +127,6 @@ def _post_forward(module: nn.Module, args: tuple, output):
     if Root.active is root and root.module is module:
         root.exit()
     return cast_floats(output, module.__dict__.get("_fsdp_output_dtype"))
-
-
-class FSDPModule:
-    """The methods a module gains from :func:`fully_shard` (torch's ``FSDPModule`` names)."""
-
-    def finish_gradient_synchronization(self) -> None:
-        """Nothing to do after a backward that ended (the schedule finished it); kept for
-        callers written for the wrapper, such as the adapters."""
-        _root_of(self).finish()
-
-    def no_sync(self):
-        """Gradient accumulation: backward passes inside reduce nothing (as torch's
-        ``set_requires_gradient_sync(False)``); the first backward after it reduces the sum."""
-        return _root_of(self).no_sync()
-
-    def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
-        _root_of(self).schedule.sync = bool(requires_gradient_sync)
-
-    def gather_full_params(self) -> dict[str, torch.Tensor]:
-        return _root_of(self).gather_full_params(self)
-
-    def release(self) -> None:
-        """Wait for and drop every collective in flight (before destroying the process group)."""
-        _root_of(self).schedule.release()
 
 
 # Which modules are units under the wrapper's shard="all": module classes (Lightning's
@@ -258,7 +211,7 @@ def fully_shard(module: nn.Module, *, mesh: DeviceMesh | None = None, reshard_af
             "fully_shard needs an initialised default process group: call "
             "torch.distributed.init_process_group (or cs336_systems.launch.launch) first"
         )
-    shard_unit(module, compute_dtype, group)
+    shard_unit(module, compute_dtype, group).reshard = keywords.reshard_after_forward
     module.__dict__["_fsdp_options"] = options
     module.__dict__["_fsdp_compute_dtype"] = compute_dtype
     module.__dict__["_fsdp_output_dtype"] = keywords.output_dtype

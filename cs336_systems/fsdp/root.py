@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import weakref
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, ClassVar, Iterator
 
 import torch
@@ -149,3 +150,32 @@ class Root:
             dist.all_gather_into_tensor(padded, weight.shard.detach(), group=weight.group)
             full[name] = weight.layout.unflatten(padded)
         return full
+
+
+def units_under(module: nn.Module) -> list[Unit]:
+    """Every unit in ``module``'s subtree, in the order ``modules()`` visits them (every rank's)."""
+    return [u for m in module.modules() if "_fsdp_units" in m.__dict__ for u in m._fsdp_units]
+
+
+def adopt(root: Root, module: nn.Module) -> None:
+    """Every unit module under ``module`` belongs to ``root`` (its hooks find it there)."""
+    for m in module.modules():
+        if "_fsdp_call" in m.__dict__:
+            m.__dict__["_fsdp_owner_root"] = root
+
+
+def root_of(module: nn.Module) -> Root:
+    """The root that drives a ``fully_shard`` module: the one it belongs to, or (a module's first
+    use with no root) a new one rooted at it, over every unit under it, as torch's lazy root."""
+    root = module.__dict__.get("_fsdp_owner_root")
+    if root is None:
+        options: FsdpOptions = module.__dict__["_fsdp_options"]
+        if not module.__dict__.get("_fsdp_reshard_set"):
+            # The root's own parameters stay until backward, as torch's root's, unless the user
+            # chose otherwise (set_reshard_after_forward, as torch's _auto_reshard_after_forward).
+            module._fsdp_call.reshard = False
+        # Each module's own reshard_after_forward (its Call's flag) decides, as per module in torch.
+        root = Root(module, units_under(module), [], replace(options, reshard_after_forward=True),
+                    module.__dict__["_fsdp_compute_dtype"])
+        adopt(root, module)
+    return root

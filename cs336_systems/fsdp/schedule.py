@@ -31,6 +31,10 @@ In exact-gradient mode (exact.py) a layer computes with the full weight detached
 through :class:`_Unshard`: its gradient arrives from exact.py, recomputed over the global batch,
 and each rank keeps its slice of it rather than reduce-scattering.
 
+torch's ``FSDPModule`` setters (module_api.py) change three: a call's ``forward_prefetch`` and a
+unit's ``backward_prefetch``, when set, are gathered in place of the default next unit, and a unit
+with ``reshard_after_backward`` False stays gathered after its gradient, for the next forward.
+
 The options (options.py) change four things here. ``reshard_after_forward=False``: forward
 keeps each weight it used with a gradient expected gathered, and backward's unpack finds it
 there, so no weight is gathered twice. Activation checkpointing: a layer rerun inside a
@@ -198,9 +202,13 @@ class Schedule:
                     full = _Unshard.apply(weight.shard, weight, self)
             self._active[id(weight)] = self._active.get(id(weight), 0) + 1
             fulls[id(weight)] = full
-        upcoming = None if recompute or not call.weights else self._planned_next(len(self._order) - 1)
-        if upcoming is not None and upcoming.unit is not None:
-            self.gather_unit(upcoming.unit)
+        if not recompute and call.forward_prefetch is not None:  # the user's list replaces ours
+            for unit in call.forward_prefetch:
+                self.gather_unit(unit)
+        else:
+            upcoming = None if recompute or not call.weights else self._planned_next(len(self._order) - 1)
+            if upcoming is not None and upcoming.unit is not None:
+                self.gather_unit(upcoming.unit)
         for module, name, weight in call.slots:
             module._parameters[name] = fulls[id(weight)]  # for this call only; post_forward restores
         if len(call.slots) == 1 and not self.exact_gradients:  # a layer's weight alone (the handout's)
@@ -261,7 +269,10 @@ class Schedule:
         order, cursor = self._backward_units, self._backward_cursor
         if cursor < len(order) and order[cursor] is weight.unit:
             self._backward_cursor = cursor = cursor + 1
-            if cursor < len(order):  # prefetch the unit backward needs next
+            if weight.unit.backward_prefetch is not None:  # the user's list replaces ours
+                for unit in weight.unit.backward_prefetch:
+                    self.gather_unit(unit)
+            elif cursor < len(order):  # prefetch the unit backward needs next
                 self.gather_unit(order[cursor])
         padded = weight.padded()
         return padded.as_strided(saved.size, saved.stride, saved.storage_offset)
@@ -279,7 +290,7 @@ class Schedule:
         self.note_backward()
         if weight.recompute_holds:
             weight.recompute_holds -= 1
-        if not weight.recompute_holds:
+        if not weight.recompute_holds and _reshards_after_backward(weight):
             self.free(weight)
         if weight.add_grad(grad_full) and self.sync:
             if self.exact_gradients:  # every rank holds the global gradient: no reduction needed
@@ -309,7 +320,8 @@ class Schedule:
         self.reductions.wait_all()
         for weight in self.weights:
             weight.install_grad(self.world_size)
-            self.free(weight)
+            if _reshards_after_backward(weight):
+                self.free(weight)
         self.grad_pending = False
 
     def release(self) -> None:
@@ -318,6 +330,10 @@ class Schedule:
         for weight in self.weights:
             weight.recompute_holds = 0
             self.free(weight)  # waits for a gather still writing it
+
+
+def _reshards_after_backward(weight: ShardedWeight) -> bool:
+    return weight.unit is None or weight.unit.reshard_after_backward
 
 
 def _next_units(order: list[ShardedWeight]) -> list[ShardedWeight | None]:

@@ -186,12 +186,16 @@ class ShardedWeight:
         self._padded.view(columns.shape).copy_(columns)
         self._gather = None
 
-    def padded(self) -> torch.Tensor:
-        """The gathered padded buffer, waiting for (or launching) its all-gather."""
-        self.start_gather()
+    def wait_gather(self) -> None:
+        """Wait for an all-gather in flight, if any (launching none)."""
         if self._gather is not None:
             self._gather.wait()
             self._gather = None
+
+    def padded(self) -> torch.Tensor:
+        """The gathered padded buffer, waiting for (or launching) its all-gather."""
+        self.start_gather()
+        self.wait_gather()
         assert self._padded is not None
         return self._padded
 
@@ -208,9 +212,7 @@ class ShardedWeight:
         view autograd saved was swapped for a marker (see schedule.py), so none is left to
         read the emptied storage.
         """
-        if self._gather is not None:  # never free a buffer a collective is still writing
-            self._gather.wait()
-            self._gather = None
+        self.wait_gather()  # never free a buffer a collective is still writing
         if self._padded is None:
             return
         self._padded.untyped_storage().resize_(0)

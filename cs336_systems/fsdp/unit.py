@@ -96,6 +96,7 @@ class Call:
         self.slots = slots
         self.reshard = reshard
         self.depth = 0  # calls under way (pre-hook ran, post-hook not yet)
+        self.forward_prefetch: list[Unit] | None = None  # set_modules_to_forward_prefetch's (None: the next)
         self.weights = list({id(w): w for _, _, w in slots}.values())  # distinct, in slot order
 
 
@@ -105,6 +106,8 @@ class Unit:
     def __init__(self, name: str, members: list[ShardedWeight]):
         self.name = name
         self.members = members
+        self.reshard_after_backward = True  # False: stays gathered after its gradient (torch's setter)
+        self.backward_prefetch: list[Unit] | None = None  # set_modules_to_backward_prefetch's (None: the next)
 
     def start_gather(self) -> list[ShardedWeight]:
         """Launch one all-gather of every member not gathered (or gathering); returns them."""

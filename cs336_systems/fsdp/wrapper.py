@@ -36,10 +36,10 @@ from torch.distributed.tensor import DTensor
 from cs336_basics.model import Embedding, Linear
 from cs336_systems.fsdp.activation_checkpointing import checkpoint_layers
 from cs336_systems.fsdp.checkpoint import install_state_dict_hooks
-from cs336_systems.fsdp.composable import UnitPolicy, adopt, shard_units, unit_selector, units_under
+from cs336_systems.fsdp.composable import UnitPolicy, shard_units, unit_selector
 from cs336_systems.fsdp.exact import ExactGradients, ExactLayer
 from cs336_systems.fsdp.options import COMPUTE_DTYPES, FsdpOptions
-from cs336_systems.fsdp.root import Root
+from cs336_systems.fsdp.root import Root, adopt, units_under
 from cs336_systems.fsdp.sharded_weight import ShardedWeight
 from cs336_systems.fsdp.unit import Call, build_units, unit_keys
 

@@ -5,8 +5,8 @@
 either maps each to the option of ours that means the same, or refuses it with one line that
 says why. The mapping:
 
-* ``bucket_cap_mb``, ``gradient_as_bucket_view``: the bucketed variant's ``bucket_size_mb`` and
-  ``gradient_as_bucket_view`` (same meaning, same MB = 2**20 bytes). The other variants have no
+* ``bucket_cap_mb``, ``gradient_as_bucket_view``: the bucketed variant's keywords of the same names
+  (``bucket_cap_mb`` is its ``bucket_size_mb``: same meaning, same MB = 2**20 bytes). The other variants have no
   buckets: a value other than the default is refused there.
 * ``broadcast_buffers``: the same in every variant (base.py broadcasts rank 0's buffers at the
   start of a synchronised forward, as torch does).
@@ -20,7 +20,8 @@ says why. The mapping:
   (``reorder_after_first_step``, overlap.py), as torch's DDP also rebuilds its buckets once
   without it, and they have no per-step traversal of the graph to skip. So ``static_graph``
   is accepted and changes nothing in ours; the claims benchmark measures it on torch's DDP.
-* ``init_sync=True`` (the default) is what every variant does; ``False`` is refused.
+* ``init_sync``: the wrappers' keyword of the same name (False: no broadcast of rank 0's
+  parameters and buffers at construction, as torch's: every rank must build the same model).
   ``init_sync`` and ``check_reduction`` are named arguments of the strategy, as the options
   above, so that a LightningCLI YAML takes every option Python does.
 * ``process_group``, ``device_ids``, ``output_device``, ``dim``, ``mixed_precision``,
@@ -94,10 +95,9 @@ def wrapper_spec(
     for name in ("broadcast_buffers", "find_unused_parameters", "static_graph", "init_sync", "check_reduction"):
         if name in kwargs and not isinstance(kwargs[name], bool):
             raise TypeError(f"{name} must be True or False, got {kwargs[name]!r}")
-    if kwargs.get("init_sync", True) is False:
-        raise ValueError("CS336DDPStrategy does not take init_sync=False: every variant broadcasts rank 0's "
-                         "parameters and buffers when it wraps the model")
     options: dict[str, Any] = {"broadcast_buffers": kwargs.get("broadcast_buffers", True)}
+    if kwargs.get("init_sync", True) is False:
+        options["init_sync"] = False  # the wrappers' own keyword (ddp/torch_keywords.py)
     if variant in BUCKETED:
         if variant == "auto":
             if not (bucket_cap_mb == DEFAULT_BUCKET_CAP_MB or bucket_cap_mb == AUTO):
@@ -110,7 +110,7 @@ def wrapper_spec(
                 bucket_cap_bytes(bucket_cap_mb)  # ValueError unless finite and > 0
             except (TypeError, ValueError) as e:
                 raise ValueError(f"bucket_cap_mb must be a finite number of MB > 0, got {bucket_cap_mb!r}") from e
-            options["bucket_size_mb"] = float(bucket_cap_mb)
+            options["bucket_cap_mb"] = float(bucket_cap_mb)
         options["gradient_as_bucket_view"] = gradient_as_bucket_view
     else:
         for name, value, default in (("bucket_cap_mb", bucket_cap_mb, DEFAULT_BUCKET_CAP_MB),
