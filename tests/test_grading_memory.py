@@ -141,7 +141,12 @@ def test_a_reading_within_its_bound_is_held_when_another_witness_disagrees():
     assert "fell to 400.2 MB (after step 1) below the 401.4 MB it held once imported" in held, held
     early = [{**_measured(8.0, [14.1]), "imported": 8 * MB, "imported_largest": "modules['a']['POOL'] → tensor"}] * 2
     [held] = judged(Run(early), lambda: None, fine, fine)
-    assert "modules hold 8.0 MB of tensors once imported" in held, held
+    assert "modules hold 8.0 MB of tensors and buffers once imported" in held, held
+    constant = [{**early[0], "imported_changed": []}] * 2  # made at import and never written to: a constant mask
+    assert judged(Run(constant), lambda: None, fine, fine) == []
+    written = [{**early[0], "imported_changed": ["modules['a']['POOL']"]}] * 2
+    [held] = judged(Run(written), lambda: None, fine, fine)
+    assert "written to since: modules['a']['POOL']" in held, held
     witnessed = [{**reports[0], review.KEY: ["tests/adapters.py:3: maps memory (mmap)"]}, reports[1]]
     [held] = judged(Run(witnessed), lambda: None, fine, fine)
     assert "rank 0: tests/adapters.py:3: maps memory (mmap)" in held, held
@@ -225,10 +230,17 @@ def test_gathered_weights_kept_until_backward_are_found():
 
 
 def test_a_pause_missing_or_out_of_order_is_a_finding():
-    """Readings without the first pause, or with none after a step, are not judged as small."""
+    """Readings without the first pause, or with none after a step, are not judged as small, nor
+    are pauses the suite does not make: an "after step 0" sent by the submission's code before
+    any state exists (it was read as the least, 15/15 for an unsharded optimizer), a step's pause
+    twice, or out of order."""
     no_base = {"outside": [{"label": "after step 1", "bytes": 1}]}
-    assert "not the ones the suite makes" in state_finding([no_base] * 2, STATE, MODEL, ZERO, "under")
+    assert "pause frames the suite does not make (after step 1)" in state_finding([no_base] * 2, STATE, MODEL, ZERO, "under")
     assert "not the ones the suite makes" in weights_finding([{"outside": []}] * 2, WEIGHTS, 0, FSDP)
+    honest = _measured(1.4, [14.1, 14.1, 14.1])
+    for forged in ("after step 0", "after step 2"):
+        readings = honest["outside"][:2] + [{"label": forged, "bytes": 400 * MB}] + honest["outside"][2:]
+        assert "pause frames the suite does not make" in state_finding([{"outside": readings}] * 2, STATE, MODEL, ZERO, "over")
 
 
 def test_sigstop_cannot_be_caught():

@@ -209,7 +209,9 @@ def test_a_process_whose_main_thread_left_is_read_from_its_threads():
         ctypes.CDLL(None).pthread_exit(None)
     try:
         assert os.read(ready[0], 1) == b"x"
-        time.sleep(0.2)
+        deadline = time.monotonic() + 30
+        while outside._state(pid) != "Z" and time.monotonic() < deadline:  # the leader gone, its threads on
+            time.sleep(0.05)
         with open(f"/proc/{pid}/status") as f:
             assert "RssAnon" not in f.read()  # the kernel shows no memory lines for the leader
         assert rank_cgroups.memory_kb(pid)["RssAnon"] << 10 >= 32 * MB

@@ -108,41 +108,58 @@ def test_gradients_sent_in_chunks_smaller_than_a_bucket_keep_the_overlap_points(
         failures(graded, BUCKETED)
 
 
-STUDENT_FILE = '''import ctypes
+STUDENT_FILE = '''import ast
+import ctypes
 import mmap
+import subprocess
+import types
 
 import numpy  # a library that loads C code at import: the library's, not the student's
 
 TAG = "#"; KIND = ctypes.c_int  # a '#' in a string hides nothing, and names nothing that runs
+VERSION = subprocess.run(["true"]).returncode  # a process at import, before the readings start
 
 
 def unused():
     return ctypes.CDLL(None).getpid(), mmap.mmap(-1, 4096)
 
 
+def _hidden():
+    return ctypes.CDLL(None).getpid()
+
+
+hidden = types.FunctionType(_hidden.__code__.replace(co_filename="<string>"), globals())
+
+
 def used():
     exec("x = 1")
     ctypes.CDLL(None).getpid()
+    hidden()
+    compile(ast.parse("y = 2"), "<ast>", "exec")
     return mmap.mmap(-1, 4096)
 '''
 
 
 def test_the_audit_hook_witnesses_what_runs_in_the_submissions_own_lines(tmp_path):
-    """In a fresh interpreter (a hook cannot be removed): lines that never run, a library's own C
-    calls at import and the import system's compiles say nothing; the submission's own exec, C
-    call and memory map, as they run, each say their line once."""
+    """In a fresh interpreter (a hook cannot be removed): lines that never run, what the import
+    does (a library's C calls, the import system's compiles, a process for a version string)
+    say nothing; once armed, the submission's own exec, C call, C call from code renamed
+    ``<string>`` (named at the line that runs it), compile of a syntax tree and memory map, as
+    they run, each say their line once."""
     import subprocess
     import sys
 
     (tmp_path / "student.py").write_text(STUDENT_FILE)
     script = ("import sys\nfrom grading.readings import review\nseen = []\n"
-              f"review.witness(seen.append, [{str(tmp_path)!r}])\nsys.path.append({str(tmp_path)!r})\n"
-              "import student\nprint(len(seen))\nstudent.used()\nstudent.used()\nprint(seen)\n")
+              f"arm = review.witness(seen.append, [{str(tmp_path)!r}])\nsys.path.append({str(tmp_path)!r})\n"
+              "import student\nprint(len(seen))\narm()\nstudent.used()\nstudent.used()\nprint(seen)\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                          cwd=Path(review.__file__).parents[2])
     assert out.returncode == 0, out.stderr
     at_import, lines = out.stdout.splitlines()
     assert at_import == "0", out.stdout
-    assert eval(lines) == [{"witness": "student.py:14: compiles code from a string (exec/eval/compile)"},
-                           {"witness": "student.py:15: calls into C (ctypes): memory and pages the readings cannot attribute"},
-                           {"witness": "student.py:16: maps memory (mmap): state kept in a file's or a shared segment's pages"}]
+    c = "calls into C (ctypes): memory and pages the readings cannot attribute"
+    assert [w["witness"] for w in eval(lines)] == [
+        "student.py:25: compiles code from a string (exec/eval/compile)", f"student.py:26: {c}", f"student.py:27: {c}",
+        "student.py:28: compiles code from a string (exec/eval/compile)",
+        "student.py:29: maps memory (mmap): state kept in a file's or a shared segment's pages"]

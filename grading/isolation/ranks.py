@@ -72,14 +72,18 @@ class Rank:
     world_size: int
     report_fd: int = -1  # its report pipe: outside.pause writes a pause frame on it
     release_fd: int = -1  # the grader's pipe to it: what a hold's release carries (traffic.py)
+    arm: Callable[[], None] = lambda: None  # the witnesses start (review.witness): the submission is imported
 
     def pause(self, label: str) -> None:
         """Stop until the grader has read this rank's memory from outside (grading/readings/outside.py)."""
+        if label == outside.IMPORTED:
+            self.arm()
         outside.pause(self.report_fd, label)
 
     def hold(self, label: str) -> bytes:
         """Stop until every rank holds at ``label`` and the grader has read the loopback's bytes
         from outside (grading/readings/traffic.py); what the grader sent at the release (b"" if nothing)."""
+        self.arm()
         return traffic.hold(self.report_fd, self.release_fd, label)
 
 
@@ -203,10 +207,10 @@ def _rank_main(rank: int, world_size: int, store_port: int, fn: Callable, payloa
         # rank whose test ended before its first collective (or before any) left its peer still
         # connecting, which failed there with "connection closed by peer", a start-up failure.
         dist.barrier()
-        review.witness(lambda message: _send(writer.fileno(), wire.encode(message)),
-                       [*roots, *([workdir] if workdir else [])], on_disk=home is not None and workdir is None)
+        arm = review.witness(lambda message: _send(writer.fileno(), wire.encode(message)),
+                             [*roots, *([workdir] if workdir else [])], on_disk=home is not None and workdir is None)
         started = True
-        ctx = Rank(rank, world_size, writer.fileno(), release.fileno() if release is not None else -1)
+        ctx = Rank(rank, world_size, writer.fileno(), release.fileno() if release is not None else -1, arm)
         report: dict = {"value": fn(ctx, wire.decode(payload))}
     except BaseException as exc:  # noqa: BLE001 - anything a student's code raises is a result
         report = {"error": f"rank {rank}: {one_line(exc, roots)}", "start_up": not started}

@@ -26,6 +26,8 @@ submission's object reaches, counted inside the rank, follow as a hint, labelled
 
 from __future__ import annotations
 
+import re
+
 import statistics
 from typing import Callable
 
@@ -103,11 +105,18 @@ def outside_summary(reports: list[dict]) -> str:
 
 
 def imported(reports: list[dict]) -> str:
-    """The witness of tensors the submission's modules made at import (training.imported_tensors)."""
+    """The witness of tensors and buffers the submission's modules made at import and wrote to
+    later (training.imported_tensors, imported_since): one that stays as made (a constant mask)
+    holds no state, and witnesses nothing."""
     for rank, report in enumerate(reports):
+        changed = report.get("imported_changed", [])
+        if "imported_changed" in report and not changed:
+            continue
         if isinstance(report.get("imported"), int) and report["imported"] > SHRINK_ALLOWANCE:
-            return (f"rank {rank}'s modules hold {mb(report['imported'])} of tensors once imported, before any model "
-                    f"exists (largest: {report.get('imported_largest', '')}); memory made then is not read as stored")
+            written = f"; written to since: {', '.join(changed)}" if changed else ""
+            return (f"rank {rank}'s modules hold {mb(report['imported'])} of tensors and buffers once imported, before "
+                    f"any model exists (largest: {report.get('imported_largest', '')}){written}; memory made then is "
+                    "not read as stored")
     return ""
 
 
@@ -156,12 +165,42 @@ def held(report: dict, rank: int, prefix: str) -> list[tuple[str, int]] | str:
     if unread:
         return (f"rank {rank} did not stop at the grader's pause '{unread[0]}' (the rank stops itself with SIGSTOP "
                 "while the grader reads its memory from outside): its memory could not be read")
+    if (wrong := out_of_protocol([r["label"] for r in readings])) is not None:
+        return (f"rank {rank} sent pause frames the suite does not make ({wrong}): its memory could not be read "
+                "(a pause is the suite's, once each, in its order)")
     base = [r for r in readings if r["label"] == BEFORE]
     start = ([r["bytes"] for r in readings if r["label"] == IMPORTED] + [r["bytes"] for r in base])[:1]
     found = [(r["label"], r["bytes"] - start[0]) for r in readings if r["label"].startswith(prefix)] if start else []
     if len(base) != 1 or not found:
         return f"rank {rank} reported {len(readings)} pauses, not the ones the suite makes: its memory could not be read"
     return found
+
+
+_STEP = re.compile(r"(after step|between forward and backward of step) ([1-9][0-9]*)$")
+
+
+def out_of_protocol(labels: list[str]) -> str | None:
+    """The first pause label out of the suite's protocol, or None: BEFORE first, IMPORTED at most
+    once after it, then per step k = 1, 2, ... (in order) at most one "between forward and
+    backward of step k" before one "after step k". A rank runs the suite's code beside the
+    submission's, which can send pause frames of its own (an "after step 0" made before any
+    state exists was read as the least, once): the grader reads only the suite's."""
+    if not labels:
+        return None  # no pause at all: held() says so
+    if labels[0] != BEFORE:
+        return labels[0]
+    last, rest = (0, 1), labels[1:]
+    if rest and rest[0] == IMPORTED:
+        rest = rest[1:]
+    for label in rest:
+        match = _STEP.match(label)
+        if match is None:
+            return label
+        here = (int(match.group(2)), 1 if match.group(1) == "after step" else 0)
+        if here <= last:  # a step's pauses in order, none twice
+            return label
+        last = here
+    return None
 
 
 def shrank(reports: list[dict]) -> str:
@@ -260,8 +299,8 @@ def state_bounds(full_state: int, ws: int) -> tuple[float, float]:
 def state_finding(reports: list[dict], full_state: int, model_bytes: int, problem: str, side: str,
                   calibration: list[dict] | None = None) -> str:
     """Every rank keeps about 1/world size of the optimizer state, from one ``side``: "over", at
-    most 1/ws + ``STATE_OVER`` of the unsharded state (least over the steps: a buffer in flight at
-    one pause is not state); "under", at least ``STATE_FLOOR`` of 1/ws (most over the steps). What
+    most 1/ws + ``STATE_OVER`` of the unsharded state (least over the steps from step 2: a buffer
+    in flight at one pause is not state); "under", at least ``STATE_FLOOR`` of 1/ws (most over the steps). What
     a rank holds beyond what the grader's own training holds at the same pauses (``calibration``,
     its model and buffers; without it, the model's parameters, ``model_bytes``: gradients are
     dropped before each pause) is its state. "" or the first rank's finding, ending with
@@ -280,7 +319,11 @@ def state_finding(reports: list[dict], full_state: int, model_bytes: int, proble
         if isinstance(steps, str):
             return f"{steps} {named_for(problem)}"
         state = [(label, b - model_bytes) for label, b in steps]
-        least, most = min(state, key=lambda s: s[1]), max(state, key=lambda s: s[1])
+        # "over" judges the least from step 2 on: AdamW's state after step 1 is a function of the
+        # first gradient alone, which a rank may keep in its place (half the bytes) and expand at
+        # step 2, bit for bit; no later state is a function of less than itself.
+        later = state[1:] or state
+        least, most = min(later, key=lambda s: s[1]), max(state, key=lambda s: s[1])
         if side == "over" and least[1] > high:
             return (f"rank {rank} holds {mb(least[1])} beyond {baseline} at every pause (least: "
                     f"{least[0]}), {least[1] / full_state:.0%} of the {mb(full_state)} the unsharded optimizer keeps "

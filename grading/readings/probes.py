@@ -15,7 +15,10 @@
 
 from __future__ import annotations
 
+import array
 import gc
+import hashlib
+import mmap
 import types
 from collections import deque
 from dataclasses import dataclass, field
@@ -164,36 +167,67 @@ class Holder:
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    digest: str = ""  # of its bytes, where asked (held_tensors' ``digests``): a buffer that changes is in use
 
     def line(self) -> str:
         shape = "×".join(map(str, self.shape)) or "scalar"
-        return f"{self.path} → tensor {shape} {self.dtype} ({self.nbytes} bytes)"
+        kind = "tensor" if self.dtype != "buffer" else "buffer"
+        return f"{self.path} → {kind} {shape} {self.dtype if kind == 'tensor' else 'bytes'} ({self.nbytes} bytes)"
 
 
-def held_tensors(root: object, name: str, exclude: set[int] = frozenset()) -> list[Holder]:
-    """Every distinct tensor storage reachable from ``root`` (largest first), except storages whose
-    data pointer is in ``exclude``, each with the shortest path to it (breadth first). Follows
-    containers (dict keys too), instance attributes and slots, modules' parameter, buffer, hook
-    and submodule tables, tensor attributes, bound methods and closures; not modules or classes."""
-    return sorted(_walk(root, name, exclude).values(), key=lambda h: -h.nbytes)
+BUFFERS = (bytearray, memoryview, array.array, mmap.mmap)  # memory a rank can keep bytes in besides tensors
 
 
-def _walk(root: object, name: str, exclude: set[int]) -> dict[int, Holder]:
+def held_tensors(root: object, name: str, exclude: set[int] = frozenset(), classes_of: frozenset[str] = frozenset(),
+                 digests: int | None = None) -> list[Holder]:
+    """Every distinct tensor storage and byte buffer (``BUFFERS``, numpy arrays) reachable from
+    ``root`` (largest first), except storages whose data pointer is in ``exclude``, each with the
+    shortest path to it (breadth first). Follows containers (dict keys too), instance attributes
+    and slots, modules' parameter, buffer, hook and submodule tables, tensor attributes, bound
+    methods and closures, and the attributes of classes defined in the modules ``classes_of``
+    names (a class attribute is a place to keep state); not modules or other classes.
+    ``digests``: each holder of at least that many bytes gets a digest of its bytes."""
+    return sorted(_walk(root, name, exclude, classes_of, digests).values(), key=lambda h: -h.nbytes)
+
+
+def _digest(data) -> str:
+    return hashlib.blake2b(memoryview(data).cast("B"), digest_size=16).hexdigest()
+
+
+def _walk(root: object, name: str, exclude: set[int], classes_of: frozenset[str] = frozenset(),
+          digests: int | None = None) -> dict[int, Holder]:
     seen: set[int] = set()
     found: dict[int, Holder] = {}
     queue: deque[tuple[object, str]] = deque([(root, name)])
     skip = (types.ModuleType, type, types.BuiltinFunctionType, str, bytes, int, float, bool, types.FrameType)
     while queue and len(seen) < 500_000:
         obj, path = queue.popleft()
-        if obj is None or id(obj) in seen or isinstance(obj, skip):
+        if obj is None or id(obj) in seen:
+            continue
+        if isinstance(obj, type) and getattr(obj, "__module__", None) in classes_of:
+            seen.add(id(obj))
+            queue.extend((v, f"{path}.{k}") for k, v in list(vars(obj).items()) if not k.startswith("__"))
+            continue
+        if isinstance(obj, skip):
             continue
         seen.add(id(obj))
+        if isinstance(obj, BUFFERS) or type(obj).__name__ == "ndarray":
+            try:
+                nbytes = memoryview(obj).nbytes
+            except (TypeError, ValueError):
+                continue
+            digest = _digest(obj) if digests is not None and nbytes >= digests else ""
+            found.setdefault(id(obj), Holder(path, (nbytes,), "buffer", nbytes, digest))
+            continue
         if isinstance(obj, torch.Tensor):
             if obj.device.type != "meta":
                 storage = obj.untyped_storage()
                 if storage.data_ptr() not in exclude and storage.data_ptr() not in found:
+                    digest = ""
+                    if digests is not None and storage.nbytes() >= digests and obj.device.type == "cpu":
+                        digest = _digest(torch.empty(0, dtype=torch.uint8).set_(storage).numpy())
                     found[storage.data_ptr()] = Holder(path, tuple(obj.shape), str(obj.dtype).removeprefix("torch."),
-                                                       storage.nbytes())
+                                                       storage.nbytes(), digest)
             queue.extend((v, f"{path}.{k}") for k, v in getattr(obj, "__dict__", {}).items())
             continue
         if isinstance(obj, types.FunctionType):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+from typing import Callable
 
 HELD = "held for review: "
 KEY = "witnessed"  # a report's entry the grader fills with what the rank's audit hook streamed
@@ -65,51 +66,65 @@ def _writes(args: tuple) -> bool:
     return (isinstance(mode, str) and any(c in mode for c in "wax+")) or (isinstance(flags, int) and flags & _WRITES)
 
 
-def witness(send, roots: list[str], on_disk: bool = False) -> None:
+def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]:
     """Rank side, before any of the submission's code runs: an audit hook that sends
     ``send({"witness": "file:line: what"})`` when the submission's own code does what ``WATCHED``
-    names, at most ``MAX_HITS`` lines, each once. The code that did it is the innermost frame
-    outside the standard library (``multiprocessing`` or ``subprocess`` called for the rank is
-    the rank's); a library's own use (torch loading a library, a compiler starting its workers)
-    is the library's, and so is what a standard module does as it is first imported (``import
-    ctypes`` loads C code; the walk meets the import system first). For ``compile`` only the
-    direct caller counts: the import system compiles every module it loads. The hook never raises (an honest call goes through whatever happens
-    here), holds the only references it uses, and cannot be removed (PEP 578). ``on_disk``: the
-    rank's storage is on disk, and a file it opens for writing is witnessed too, whoever's code
-    (torch.save's, say) makes the call for it: the innermost of its own frames names the line."""
+    names, at most ``MAX_HITS`` lines, each once, from the moment the returned ``arm`` is called
+    (the suite calls it at the pause once the submission is imported: what its imports do, a
+    ``git`` call for a version string, holds nothing the readings judge, which start there).
+
+    The code that did it: walking out from the call, the standard library's frames are passed
+    (``multiprocessing`` or ``subprocess`` called by the rank is the rank's), and so are frames
+    of code with no file of its own (``<string>``, or a function whose file name was changed:
+    the caller that runs it is named); the first frame left decides. The submission's own file
+    is witnessed; a library's or the grader's own use (torch loading a library, a compiler
+    starting its workers, the suite's pauses) is theirs, and an import met first (a module's
+    first import) is the import's. For ``compile`` only the direct caller counts, whatever it
+    compiles (a string or a syntax tree): the import system compiles every module it loads. The
+    hook never raises (an honest call goes through whatever happens here), holds the only
+    references it uses, and cannot be removed (PEP 578); the flag ``arm`` sets can only be set.
+    ``on_disk``: the rank's storage is on disk, and a file it opens for writing is witnessed too,
+    whoever's code makes the call for it (the innermost of its own frames names the line)."""
     own = tuple(os.path.realpath(r) + os.sep for r in roots)
     library = _library_prefixes()
-    getframe, realpath, seen = sys._getframe, os.path.realpath, set()
+    grader = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # grading/
+    getframe, realpath, seen, armed = sys._getframe, os.path.realpath, set(), []
 
-    def standard(path: str) -> bool:  # a venv's platstdlib holds its site-packages: not the standard library's
+    def passed(frame) -> bool:
+        name = frame.f_code.co_filename
+        if name.startswith("<frozen"):
+            return False  # an import: what the imported module does is its own
+        if name.startswith("<"):
+            return True  # code with no file: whoever runs it is named
+        path = realpath(name)
         return path.startswith(library) and "site-packages" not in path and "dist-packages" not in path
+
+    def student(frame) -> str | None:
+        name = frame.f_code.co_filename
+        path = realpath(name) if not name.startswith("<") else ""
+        root = next((r for r in own if path.startswith(r)), None)
+        return None if root is None or path.startswith(grader) else os.path.relpath(path, root)
+
     watched = {**WATCHED, **(ON_DISK if on_disk else {})}
 
     def hook(event: str, args: tuple) -> None:
         what = watched.get(event)
-        if what is None or len(seen) >= MAX_HITS:
+        if what is None or not armed or len(seen) >= MAX_HITS:
             return
         try:
             frame = getframe(1)
-            if event == "compile":
-                if not isinstance(args[0], (str, bytes)):
-                    return
-            elif event == "open":
+            if event == "open":
                 if not _writes(args):
                     return
-                while frame is not None and not frame.f_code.co_filename.startswith("<") and \
-                        not realpath(frame.f_code.co_filename).startswith(own):
-                    frame = frame.f_back  # up to its own line, but not through an import (a library's)
-            else:
-                while frame is not None and standard(realpath(frame.f_code.co_filename)):
+                while frame is not None and not frame.f_code.co_filename.startswith("<frozen") and student(frame) is None:
                     frame = frame.f_back
-            if frame is None or frame.f_code.co_filename.startswith("<"):  # the import system's, a string's
+            elif event != "compile":
+                while frame is not None and passed(frame):
+                    frame = frame.f_back
+            where = student(frame) if frame is not None else None
+            if where is None:
                 return
-            path = realpath(frame.f_code.co_filename)
-            root = next((r for r in own if path.startswith(r)), None)
-            if root is None or "site-packages" in path:
-                return
-            line = f"{os.path.relpath(path, root)}:{frame.f_lineno}: {what}"
+            line = f"{where}:{frame.f_lineno}: {what}"
             if line not in seen:
                 seen.add(line)
                 send({"witness": line})
@@ -117,6 +132,7 @@ def witness(send, roots: list[str], on_disk: bool = False) -> None:
             pass
 
     sys.addaudithook(hook)
+    return lambda: armed.append(True)
 
 
 def take(buffer: bytearray, frame, found: list[str]) -> bool:

@@ -67,27 +67,51 @@ def sampled(named: dict[str, torch.Tensor], sample: dict[str, torch.Tensor] | No
 
 
 def inside(root: object, name: str, exclude: set[int]) -> dict:
-    """What ``root`` reaches, counted inside the rank: its three largest tensors (``hint``) and
-    the bytes of every tensor storage it reaches (``inside``). A witness beside the grader's
-    reading from outside, never a basis of points alone: the submission's code could hide or fake
-    them (memory.judged holds a problem for review where the two disagree)."""
-    found = probes.held_tensors(root, name, exclude)
+    """What ``root`` reaches, counted inside the rank: its three largest tensors and buffers
+    (``hint``) and the bytes of every tensor storage and buffer it reaches, the attributes of the
+    submission's classes included (``inside``). A witness beside the grader's reading from
+    outside, never a basis of points alone: the submission's code could hide or fake them
+    (memory.judged holds a problem for review where the two disagree)."""
+    found = probes.held_tensors(root, name, exclude, frozenset(submission_modules()))
     return {"hint": [h.line() for h in found[:3]], "inside": sum(h.nbytes for h in found)}
 
 
-def imported_tensors() -> dict:
-    """The tensors the submission's modules hold once imported (their globals, and what those
-    reach), counted inside the rank: a correct solution allocates none at import, and memory made
-    before the grader's baseline is not read from outside (memory.py), so a module that does is
-    a witness for review (``imported``: bytes, and the largest's path)."""
+def submission_modules() -> dict[str, dict]:
+    """The submission's own imported modules (their files under its folders): name -> globals."""
     from grading.isolation.ranks import submission_roots
 
     roots = [os.path.realpath(r) + os.sep for r in submission_roots()]
-    mine = {name: vars(module) for name, module in list(sys.modules.items())
+    return {name: vars(module) for name, module in list(sys.modules.items())
             if isinstance(getattr(module, "__file__", None), str)
             and any(os.path.realpath(module.__file__).startswith(r) for r in roots)}
-    found = probes.held_tensors(mine, "modules")
-    return {"imported": sum(h.nbytes for h in found), "imported_largest": found[0].line() if found else ""}
+
+
+IMPORT_DIGESTS = 1 << 20  # tensors and buffers of this size or more made at import are followed by digest
+
+
+def imported_tensors() -> dict:
+    """The tensors and byte buffers the submission's modules hold once imported (their globals,
+    their classes' attributes, and what those reach), counted inside the rank, with a digest of
+    each of at least ``IMPORT_DIGESTS``: memory made before the grader's baseline is not read from
+    outside (memory.py), so one that is written to later (``imported_since``) is a place to keep
+    state the readings cannot see, a witness for review; one that stays as made (a constant
+    causal mask) is not (``imported``: bytes, and the largest's path)."""
+    mine = submission_modules()
+    found = probes.held_tensors(mine, "modules", classes_of=frozenset(mine), digests=IMPORT_DIGESTS)
+    return {"imported": sum(h.nbytes for h in found), "imported_largest": found[0].line() if found else "",
+            "imported_digests": {h.path: h.digest for h in found if h.digest}}
+
+
+def imported_since(imported: dict) -> dict:
+    """What became of the large tensors and buffers the submission's modules held once imported:
+    the paths of those whose bytes have changed since, or that are gone (``imported_changed``)."""
+    if not imported.get("imported_digests"):
+        return {}
+    now = {h.path: h.digest for h in probes.held_tensors(submission_modules(), "modules",
+                                                           classes_of=frozenset(submission_modules()),
+                                                           digests=IMPORT_DIGESTS)}
+    changed = [path for path, digest in imported["imported_digests"].items() if now.get(path) != digest]
+    return {"imported_changed": changed[:3]}
 
 
 def drop_gradients(params) -> None:
@@ -183,6 +207,7 @@ def train_sharded_optimizer(ctx: Rank, job: dict) -> dict:
     probes.install_collective_log()
     get = load_adapter("get_sharded_optimizer")
     if measure:
+        torch.set_num_threads(1)  # the grader's, whatever the submission set at import (more threads, more memory)
         imported = imported_tensors()
         ctx.pause(outside.IMPORTED)
     model = models.build("equal", layers=case["layers"], width=case["width"])
@@ -202,7 +227,7 @@ def train_sharded_optimizer(ctx: Rank, job: dict) -> dict:
             optimizer.add_param_group(added)
     if not measure:
         return {"params": params}
-    return {"params": params, **imported,
+    return {"params": params, **imported, **imported_since(imported),
             **inside(optimizer, "optimizer", {p.untyped_storage().data_ptr() for p in model.parameters()})}
 
 
@@ -236,6 +261,7 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
     imported = {}
     if measure:
         import_model_module()
+        torch.set_num_threads(1)  # the grader's, whatever the submission set at import (more threads, more memory)
         imported = imported_tensors()
         ctx.pause(outside.IMPORTED)
     shape = models.LMShape(**case["shape"])
@@ -279,7 +305,7 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
         del full
     optimizer.zero_grad(set_to_none=True)
     return {"layout": layout, "params": gathered, "masters": masters, "output": output,
-            **(inside(fsdp, "fsdp", set()) if measure else {"hint": []}), **imported}
+            **(inside(fsdp, "fsdp", set()) if measure else {"hint": []}), **imported, **imported_since(imported)}
 
 
 def calibrate_sharded_optimizer(ctx: Rank, job: dict) -> dict:
