@@ -127,6 +127,7 @@ def train_ddp(ctx: Rank, job: dict) -> dict:
     probes.install_collective_log()
     get, after = load_adapter(case["get"]), load_adapter(case["after_backward"])
     start = load_adapter(case["train_batch_start"]) if case.get("train_batch_start") else None
+    ctx.arm()  # imported: what its code does from here on is witnessed (review.witness)
     model = models.build(case["model"])
     model.load_state_dict(job["init"])
     kwargs = {} if case.get("bucket_size_mb") is None else {"bucket_size_mb": case["bucket_size_mb"]}
