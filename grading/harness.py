@@ -128,7 +128,8 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
             try:
                 entries, not_run = _run_suite(scratch, [Path(r) for r in found.roots], edition, repeats, limits,
                                               containment, submission, out, only, select, deadline,
-                                              layer if layer.is_dir() else None, found.preload)
+                                              layer if layer.is_dir() else None,
+                                              found.preload + packages.provided(found.unresolved, layer))
             except ContainmentError as e:
                 notes = dict.fromkeys(GRADED[edition], f"not graded: {e}")
             failed_to_start = [e for e in entries if str(e.get("reason", "")).startswith(GRADER_FAILURE)]
@@ -139,8 +140,9 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
                                                            "ddp_overlap_bucketed"}:
             missing.append(NOT_CHECKED)
         for entry in entries:
-            if unavailable and "reason" in entry and not entry.get("passed"):
-                entry["reason"] = packages.hold_unavailable(str(entry["reason"]), list(unavailable))
+            if "reason" in entry and not entry.get("passed") and not str(entry["reason"]).startswith(GRADER_FAILURE):
+                reason = packages.hold_unavailable(str(entry["reason"]), list(unavailable))
+                entry["reason"] = packages.hold_unrunnable(reason, found.python)
         tests = report.grade_tests(entries, problems, notes, not_run)
         rows = report.problem_grades(tests, problems, hand_graded(edition))
         seconds = time.monotonic() - start

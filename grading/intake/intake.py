@@ -41,6 +41,8 @@ class Intake:
     dropped: list[str] = field(default_factory=list)  # links and special files left out of the copy
     to_install: list[str] = field(default_factory=list)  # declared packages this Python lacks (packages.py)
     preload: list[str] = field(default_factory=list)  # libraries its files import: the fork server's (packages.py)
+    unresolved: list[str] = field(default_factory=list)  # names its files import that nothing here provides
+    python: str | None = None  # its requires-python, where it excludes the grader's Python
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -83,7 +85,12 @@ def inspect(submission: Path, tree: Path, edition: str | None) -> Intake:
     found.roots = [str(r) for r in python_roots(root, remarks)]
     found.remarks = remarks + missing_packages(root, adapters, edition or detected)
     found.to_install = packages.missing(root, project_folders(root))
-    found.preload = packages.libraries([Path(r) for r in found.roots] or [root])
+    found.preload, found.unresolved = packages.libraries([Path(r) for r in found.roots] or [root])
+    found.python = packages.python_needed(root)
+    if found.python:
+        found.remarks.append(f"It declares Python {found.python} (requires-python); this grader runs "
+                             f"{packages.platform_version()}: tests that fail on an import or syntax error are held "
+                             "for review.")
     if dropped:
         shown = ", ".join(dropped[:5]) + (f" and {len(dropped) - 5} more" if len(dropped) > 5 else "")
         found.remarks.append(f"Links and special files are not graded (left out of the copy): {shown}.")

@@ -31,7 +31,7 @@ import tomllib
 from pathlib import Path
 
 from grading.intake.files import read_regular
-from grading.readings.review import held
+from grading.readings.review import HELD, held
 
 MAX_PACKAGES = 10
 MAX_LAYER_BYTES = 256 << 20
@@ -55,8 +55,13 @@ def _toml(path: Path) -> dict:
 
 def declared(root: Path, projects: list[Path]) -> dict[str, str]:
     """Each distribution the submission's projects declare (``root`` and the folders its
-    pyproject.toml names), by normalized name, with the version its ``uv.lock`` pins ("" if none)."""
+    pyproject.toml names), by normalized name, with the version its ``uv.lock`` pins ("" if none);
+    not those with a source of their own (``[tool.uv.sources]``) nor the course's (``cs336-*``)."""
     names: dict[str, str] = {}
+    local: set[str] = set()
+    for folder in [root, *projects]:
+        uv = (_toml(folder / "pyproject.toml").get("tool") or {}).get("uv") or {}
+        local |= {normalized(str(k)) for k in (uv.get("sources") or {} if isinstance(uv, dict) else {})}
     for folder in [root, *projects]:
         project = _toml(folder / "pyproject.toml").get("project")
         requirements = project.get("dependencies") if isinstance(project, dict) else None
@@ -66,7 +71,9 @@ def declared(root: Path, projects: list[Path]) -> dict[str, str]:
     for package in _toml(root / "uv.lock").get("package") or []:
         if isinstance(package, dict) and normalized(str(package.get("name", ""))) in names:
             names[normalized(str(package["name"]))] = str(package.get("version", ""))
-    return names
+    # a source of its own (a path, a git repository, a workspace member: the course's cs336-basics)
+    # is the submission's, never a name to look up in an index, where anyone may have taken it
+    return {n: v for n, v in names.items() if n not in local and not n.startswith("cs336")}
 
 
 def missing(root: Path, projects: list[Path]) -> list[str]:
@@ -90,13 +97,15 @@ PRELOAD_ENV = "GRADING_PRELOAD"  # what the harness tells the fork server to imp
 COMPILE = "torch.compile"  # in that list: a file decorates with torch.compile, whose first call imports ~600 modules
 
 
-def libraries(roots: list[Path], max_files: int = 2000) -> list[str]:
+def libraries(roots: list[Path], max_files: int = 2000) -> tuple[list[str], list[str]]:
     """The libraries of this Python's environment that the submission's files import (top-level
     names, neither the standard library's nor the submission's own packages), and ``COMPILE``
     where a file calls ``torch.compile``: the fork server imports them once per grading, so a
     rank, forked from it, does not import them again (each rank did: a ``torch.compile``'d
     function cost 2.5 s per rank). Only modules installed outside the submission are named; the
-    fork server imports them from this environment, never from the submission's folders."""
+    fork server imports them from this environment, never from the submission's folders. Beside
+    them, the names found nowhere here (a declared package installed later, ``install``, may
+    provide them)."""
     import ast
     import importlib.util
 
@@ -117,16 +126,24 @@ def libraries(roots: list[Path], max_files: int = 2000) -> list[str]:
             elif isinstance(node, ast.Attribute) and node.attr == "compile" and \
                     isinstance(node.value, ast.Name) and node.value.id == "torch":
                 compiled = True
-    found = []
+    found, unresolved = [], []
     for name in sorted(names - own - set(sys.stdlib_module_names) - {"torch", "grading"}):
         try:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
             continue
-        origin = spec.origin if spec and spec.origin else (list(spec.submodule_search_locations or [""])[0] if spec else "")
+        if spec is None:
+            unresolved.append(name)
+            continue
+        origin = spec.origin or (list(spec.submodule_search_locations or [""])[0])
         if origin and "site-packages" in origin:
             found.append(name)
-    return found[:MAX_PRELOAD] + ([COMPILE] if compiled else [])
+    return found[:MAX_PRELOAD] + ([COMPILE] if compiled else []), unresolved[:MAX_PRELOAD]
+
+
+def provided(names: list[str], layer: Path) -> list[str]:
+    """Those of ``names`` that the packages installed for the submission (``layer``) provide."""
+    return [n for n in names if (layer / n / "__init__.py").is_file() or (layer / f"{n}.py").is_file()]
 
 
 def _python_files(root: Path, budget: int) -> list[Path]:
@@ -201,6 +218,41 @@ def remarks(done: list[str], failed: dict[str, str]) -> list[str]:
         lines.append(f"Needs package {spec.split('==')[0]}, declared in pyproject.toml, which this grader could not "
                      f"install ({why}): tests that fail on its import are held for review.")
     return lines
+
+
+def python_needed(root: Path) -> str | None:
+    """The Python the submission's ``requires-python`` asks for, where it excludes this one
+    (2026 submissions declare ``>=3.12``: ``typing.override`` does not exist in 3.11)."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    wanted = (_toml(root / "pyproject.toml").get("project") or {}).get("requires-python")
+    try:
+        ok = isinstance(wanted, str) and platform_version() not in SpecifierSet(wanted)
+    except InvalidSpecifier:
+        return None
+    return wanted if ok else None
+
+
+def platform_version() -> str:
+    return ".".join(map(str, sys.version_info[:3]))
+
+
+# A rank's failure that says it needs a GPU (a CUDA or Triton self-test run at import): this
+# grader has none, as the course's own tests run on CPU, and a TA decides.
+GPU_NEEDED = re.compile(r"active drivers|NVIDIA driver|CUDA driver|no CUDA GPUs|not compiled with CUDA|"
+                        r"Torch not compiled with CUDA|cuda runtime error|CUDA error", re.I)
+
+
+def hold_unrunnable(reason: str, python: str | None) -> str:
+    """A failure held for review when it comes from what this grader lacks, not from the code:
+    a GPU, or the Python the submission declares (an import or syntax error there)."""
+    if reason.startswith(HELD):
+        return reason
+    if GPU_NEEDED.search(reason):
+        return held("it needs a GPU, which this grader has none of (its tests run on CPU, as the course's do)", reason)
+    if python and re.search(r"ImportError|SyntaxError|AttributeError: module '", reason):
+        return held(f"it declares Python {python} (requires-python) and this grader runs {platform_version()}", reason)
+    return reason
 
 
 def hold_unavailable(reason: str, failed: list[str]) -> str:

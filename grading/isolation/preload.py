@@ -5,9 +5,11 @@ importing it again. The server imports torch and the suite's rank-side code; the
 here (``GRADING_PRELOAD``, from intake: packages.libraries) the libraries of the grader's own
 environment that the submission's files import (matplotlib, einops, ...), and ``torch.compile``
 where a file compiles a function (its first use imports about 600 modules: 2.5 s per rank).
-They are imported from the environment only (the server's path has no folder of the
-submission's), after the server has confined itself (rank_server.py), and none of the
-submission's code runs here. A library that fails to import is left to the ranks, which import
+They are imported from the environment, and from the packages installed for the submission
+(its declared ones, packages.py), never from its own folders, after the server has confined
+itself (rank_server.py); none of the submission's code runs here. A library a rank imports
+lazily after its baseline pause would otherwise be read as what it stores (``rich``, imported
+inside ``add_param_group`` for one print, held 8 points of a real student). A library that fails to import is left to the ranks, which import
 it as before and report what happens.
 """
 
@@ -18,6 +20,8 @@ import sys
 
 if os.environ.get("GRADING_RANK_SERVER") and sys.argv[:1] == ["-c"]:
     _before = dict(os.environ)
+    if os.environ.get("GRADING_SUBMISSION_PACKAGES"):  # what was installed for it (packages.py): libraries too
+        sys.path.append(os.environ["GRADING_SUBMISSION_PACKAGES"])
     for _name in filter(None, os.environ.get("GRADING_PRELOAD", "").split(",")):
         try:
             if _name == "torch.compile":

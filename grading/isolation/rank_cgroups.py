@@ -269,9 +269,9 @@ class RankCgroups:
         shares with the fork server and first writes after its first pause (a copy on write,
         1.7 to 2.6 MB over a measured run, more for a submission that touches more), while the
         page stays resident in the rank either way. ``charged`` is the whole charge
-        (``memory.current``), beside it, and ``anon_charged`` the anonymous charge, a second
-        witness (memory.uncharted): its growth beyond the resident growth is memory some process
-        of the rank holds where no status line shows it. None if the cgroup cannot be read."""
+        (``memory.current``), beside it, and ``anon_charged`` the anonymous charge, recorded, never
+        judged: it grows with every page shared with the fork server that the rank writes (a lazy
+        import's reference counts: 6.9 MB for one library), where the resident memory does not. None if the cgroup cannot be read."""
         folder = self.folders[rank]
         stat = _stat(folder)
         if self.kind == "cgroup v2":

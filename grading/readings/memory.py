@@ -53,7 +53,6 @@ def mb(n: float) -> str:
 # later reading is lowered by as much, so its readings are held for review, not trusted. A
 # correct rank's readings stay within 0.1 MB of it (the collection before each pause).
 SHRINK_ALLOWANCE = 1 * MB
-UNCHARTED_ALLOWANCE = 5 * MB  # copies on write of pages shared with the fork server: 1.7 to 2.6 MB measured
 
 
 def judged(run, again: Callable[[], object], finding: Callable[[object], str],
@@ -81,8 +80,7 @@ def judged(run, again: Callable[[], object], finding: Callable[[object], str],
                                                 f"outside: {second}", f"inside: {inside_summary(rerun.reports)}",
                                                 review.witnessed(rerun.reports))]
         return [second, rerun.mismatch]
-    witnesses = [inside(run), shrank(run.reports), uncharted(run.reports), imported(run.reports),
-                 review.witnessed(run.reports)]
+    witnesses = [inside(run), shrank(run.reports), imported(run.reports), review.witnessed(run.reports)]
     if any(witnesses):
         return [review.held("the reading from outside is within its bound, but another witness disagrees",
                             f"outside: {outside_summary(run.reports)}", *witnesses)]
@@ -220,24 +218,6 @@ def shrank(reports: list[dict]) -> str:
         if low is not None and low["bytes"] < first[IMPORTED] - SHRINK_ALLOWANCE:
             return (f"rank {rank}'s memory fell to {mb(low['bytes'])} ({low['label']}) below the {mb(first[IMPORTED])} "
                     "it held once imported")
-    return ""
-
-
-def uncharted(reports: list[dict]) -> str:
-    """A second witness from the rank's memory cgroup: the first rank whose anonymous charge grew
-    from its pause once imported more than ``UNCHARTED_ALLOWANCE`` beyond the growth of its
-    processes' resident anonymous memory (what ``bytes`` counts), at any later pause; "" if none.
-    A page the rank shares with the fork server and first writes later is charged then while it
-    was resident all along (1.7 to 2.6 MB over a correct measured run); memory a process holds
-    where no status line shows it (a process whose lines the kernel hides) is charged too."""
-    for rank, report in enumerate(reports):
-        readings = [r for r in report.get(KEY) or [] if "anon_charged" in r and "anon" in r]
-        start = next((r for r in readings if r["label"] == IMPORTED), None)
-        for later in (r for r in readings if start is not None and r["label"] not in (BEFORE, IMPORTED)):
-            gap = (later["anon_charged"] - start["anon_charged"]) - (later["anon"] - start["anon"])
-            if gap > UNCHARTED_ALLOWANCE:
-                return (f"rank {rank}'s memory cgroup was charged {mb(gap)} more anonymous memory ({later['label']}) "
-                        "than its processes' resident memory grew since it was imported")
     return ""
 
 
