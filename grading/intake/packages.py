@@ -252,6 +252,10 @@ def hold_unrunnable(reason: str, python: str | None) -> str:
         return held("it needs a GPU, which this grader has none of (its tests run on CPU, as the course's do)", reason)
     if python and re.search(r"ImportError|SyntaxError|AttributeError: module '", reason):
         return held(f"it declares Python {python} (requires-python) and this grader runs {platform_version()}", reason)
+    newer = re.search(r"cannot import name '\w+' from '([\w.]+)'", reason)
+    if newer and newer.group(1).split(".")[0] in sys.stdlib_module_names:
+        return held(f"it imports from the standard library's {newer.group(1)} a name this grader's Python "
+                    f"{platform_version()} lacks (a newer Python has it)", reason)
     return reason
 
 
