@@ -15,13 +15,14 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from cs336_systems import cli  # noqa: E402
 from cs336_systems.results.environment import machine_tag  # noqa: E402
 from scripts import measure_grading  # noqa: E402
 from tests.answers_fixture import build_answers_submission, with_imports  # noqa: E402
@@ -30,15 +31,24 @@ OLD_GRADER = "93fe110"
 VARIANTS = {"answers": (), "course": ("course",), "compile": ("compile",), "plots": ("plots",)}
 
 
+@dataclass(frozen=True)
+class FootprintSetting:
+    runs: int = field(default=3, metadata=cli.count("rounds of each measurement", maximum=100))
+    tag: str | None = field(default=None, metadata=cli.option(
+        "the folder under writeup/footprint/ (default: this machine's tag)", cli.NAME))
+
+
+def build_parser() -> cli.Parser:
+    return cli.Parser(FootprintSetting, __doc__)
+
+
+@cli.stops_cleanly
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3, help="rounds of each measurement (default 3)")
-    parser.add_argument("--tag", default=None, help="the folder under writeup/footprint/ (default: this machine's tag)")
-    args = parser.parse_args(argv)
-    out = Path("writeup/footprint") / (args.tag or machine_tag())
+    setting, _ = build_parser().parse_settings(argv)
+    out = Path("writeup/footprint") / (setting.tag or machine_tag())
     with tempfile.TemporaryDirectory(prefix="footprint-") as tmp:
         trees = {name: with_imports(build_answers_submission(Path(tmp) / name), *extra) for name, extra in VARIANTS.items()}
-        runs = ["--runs", str(args.runs), "--edition", "2026"]
+        runs = ["--runs", str(setting.runs), "--edition", "2026"]
         code = measure_grading.main(["--submissions", str(trees["answers"]), "--labels", "answers", "--graders",
                                      OLD_GRADER, "--cpus", "0", "--quotas", "0.5", "--repeats", "2", *runs,
                                      "--out", str(out / "cost.json")])

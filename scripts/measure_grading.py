@@ -236,7 +236,7 @@ class MeasureSetting:
     edition: str | None = field(default=None, metadata=cli.choice("the edition to grade", ("2025", "2026")))
     graders: tuple[str, ...] = field(default=(), metadata=cli.option(
         "git revisions whose grader grades each submission too, interleaved run by run with this "
-        "checkout's (HEAD: this checkout as it is)", cli.Word(r"[0-9A-Za-z._/-]+", "a git revision"), many=True))
+        "checkout's (HEAD: this checkout as it is)", cli.Word(r"[0-9A-Za-z._-]+", "a git revision (a commit or tag)"), many=True))
     out: Path = field(default=Path("writeup/footprint/grading.json"), metadata=cli.option(
         "the results file (JSON; not under writeup/results, which the writeup reads)", cli.OutputFile()))
 

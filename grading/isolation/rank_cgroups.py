@@ -121,7 +121,7 @@ def _stat(folder: Path) -> dict[str, int]:
 MEMORY_LINES = ("RssAnon", "RssShmem", "RssFile")
 
 
-def memory_kb(pid: int) -> dict[str, int]:
+def memory_kb(pid: int, proc: str = "/proc") -> dict[str, int]:
     """A process's resident memory lines (``MEMORY_LINES``, in kB; {} once it is gone), read from
     any of its threads: a process whose main thread has left (``pthread_exit``) while another
     serves on shows no memory lines in its own ``/proc/<pid>/status``, only in its threads'
@@ -134,14 +134,14 @@ def memory_kb(pid: int) -> dict[str, int]:
                 found[name] = int(value.split()[0])
         return found
 
-    found = lines(f"/proc/{pid}/status")
+    found = lines(f"{proc}/{pid}/status")
     if "RssAnon" not in found:
         try:
-            tasks = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit())
+            tasks = sorted(int(t) for t in os.listdir(f"{proc}/{pid}/task") if t.isdigit())
         except OSError:
             tasks = []
         for task in tasks:
-            if "RssAnon" in (found := lines(f"/proc/{pid}/task/{task}/status")):
+            if "RssAnon" in (found := lines(f"{proc}/{pid}/task/{task}/status")):
                 break
     return found
 

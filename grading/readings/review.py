@@ -19,6 +19,7 @@ string or an import by a computed name hides nothing from a hook that sees the c
 from __future__ import annotations
 
 import os
+import site
 import sys
 import sysconfig
 from typing import Callable
@@ -88,6 +89,8 @@ def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]
     own = tuple(os.path.realpath(r) + os.sep for r in roots)
     library = _library_prefixes()
     grader = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # grading/
+    installed = tuple({os.path.realpath(p) + os.sep for p in (*site.getsitepackages(), sysconfig.get_paths()["purelib"],
+                                                               sysconfig.get_paths()["platlib"])})
     getframe, realpath, seen, armed = sys._getframe, os.path.realpath, set(), []
 
     def passed(frame) -> bool:
@@ -103,7 +106,9 @@ def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]
         name = frame.f_code.co_filename
         path = realpath(name) if not name.startswith("<") else ""
         root = next((r for r in own if path.startswith(r)), None)
-        return None if root is None or path.startswith(grader) else os.path.relpath(path, root)
+        if root is None or path.startswith(grader) or path.startswith(installed):
+            return None  # the grader's own code, or this interpreter's packages (a .venv inside the checkout)
+        return os.path.relpath(path, root)
 
     watched = {**WATCHED, **(ON_DISK if on_disk else {})}
 
