@@ -29,7 +29,7 @@ from cs336_systems.bench.suites import (BenchStep, cpu_suite, gpu_suite, one_gpu
                                         retake_suite)
 from cs336_systems.launch import Interrupted
 from cs336_systems.launch.signals import raising_on_signals
-from cs336_systems.results.environment import REPO_ROOT
+from cs336_systems.results.environment import REPO_ROOT, settle_load
 from cs336_systems.results.paths import results_dir
 
 SUITES = {"cpu": "make bench", "quick": "make bench-quick", "gpu": "make bench-gpu",
@@ -95,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"suite {setting.suite}: {len(steps)} steps, results in {out.relative_to(REPO_ROOT)}")
     started = time.monotonic()
     finished: list[BenchStep] = []
-    for step in tqdm(steps, desc=f"bench {setting.suite}", unit="step"):
+    for index, step in enumerate(tqdm(steps, desc=f"bench {setting.suite}", unit="step")):
+        if index and setting.suite != "quick":
+            tqdm.write(f"--- load average {settle_load():.1f} (the step before is gone)")
         tqdm.write(f"--- {step.name}: python {' '.join(step.command)}")
         step_start = time.monotonic()
         try:

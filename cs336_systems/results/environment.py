@@ -14,6 +14,7 @@ and ``results.files.save_results`` refuses to file it under ``writeup/results/``
 from __future__ import annotations
 
 import os
+import time
 import platform
 import re
 import socket
@@ -91,6 +92,21 @@ class Load:
     def describe(self) -> str:
         counted = "" if self.others is None else f", other jobs' runnable threads {self.others:.2f} on average"
         return f"load average {self.before:.1f} before and {self.after:.1f} after{counted}, on {self.cores} cores"
+
+
+SETTLE_S = 150.0  # at most this long for the load average to forget the run before (it decays over a minute)
+
+
+def settle_load(wait_s: float = SETTLE_S) -> float:
+    """Wait until the 1-minute load average has fallen to this machine's usable cores, at most
+    ``wait_s``; the load average then. A step of a suite started right after a heavy one (a
+    6-rank all-reduce grid) found a load average of 7.3 left by processes that were gone, and its
+    run was refused as "busy" with other jobs' threads at 0.00 (``Load.exceeded`` reads the load
+    before the start as others'): the suite's runner waits for it between steps."""
+    deadline = time.monotonic() + wait_s
+    while _load_average() > usable_cores() and time.monotonic() < deadline:
+        time.sleep(2.0)
+    return _load_average()
 
 
 def measure_load(processes: int) -> Load:
