@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"suite {setting.suite}: {len(steps)} steps, results in {out.relative_to(REPO_ROOT)}")
     started = time.monotonic()
     finished: list[BenchStep] = []
-    for index, step in enumerate(tqdm(steps, desc=f"bench {setting.suite}", unit="step")):
-        if index and setting.suite != "quick":
-            tqdm.write(f"--- load average {settle_load():.1f} (the step before is gone)")
+    for step in tqdm(steps, desc=f"bench {setting.suite}", unit="step"):
+        if setting.suite != "quick":
+            tqdm.write(f"--- load average {settle_load():.1f} (what ran before is gone)")
         tqdm.write(f"--- {step.name}: python {' '.join(step.command)}")
         step_start = time.monotonic()
         try:
