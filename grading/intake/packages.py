@@ -119,17 +119,18 @@ def libraries(roots: list[Path], max_files: int = 2000) -> tuple[list[str], list
         except (OSError, SyntaxError, ValueError):
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names |= {a.name.split(".")[0] for a in node.names}
+            if isinstance(node, ast.Import):  # whole dotted names: matplotlib.pyplot is the costly part
+                names |= {a.name for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names.add(node.module.split(".")[0])
+                names.add(node.module)
             elif isinstance(node, ast.Attribute) and node.attr == "compile" and \
                     isinstance(node.value, ast.Name) and node.value.id == "torch":
                 compiled = True
     found, unresolved = [], []
-    for name in sorted(names - own - set(sys.stdlib_module_names) - {"torch", "grading"}):
+    tops = {n.split(".")[0] for n in names} - own - set(sys.stdlib_module_names) - {"torch", "grading"}
+    for name in sorted(n for n in names if n.split(".")[0] in tops):
         try:
-            spec = importlib.util.find_spec(name)
+            spec = importlib.util.find_spec(name.split(".")[0])
         except (ImportError, ValueError):
             continue
         if spec is None:
@@ -143,7 +144,8 @@ def libraries(roots: list[Path], max_files: int = 2000) -> tuple[list[str], list
 
 def provided(names: list[str], layer: Path) -> list[str]:
     """Those of ``names`` that the packages installed for the submission (``layer``) provide."""
-    return [n for n in names if (layer / n / "__init__.py").is_file() or (layer / f"{n}.py").is_file()]
+    return [n for n in names if (layer / n.split(".")[0] / "__init__.py").is_file()
+            or (layer / f"{n.split('.')[0]}.py").is_file()]
 
 
 def _python_files(root: Path, budget: int) -> list[Path]:
