@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grading.intake import intake, packages
+from grading.intake.submission import AT_IMPORT
+from grading.readings import review
 from grading.reports import report
 from grading.isolation import sandbox, scrub
 from grading import selfcheck
@@ -118,6 +120,10 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
         if found.to_install and not found.problem:
             installed, unavailable = packages.install(found.to_install, layer)
             missing += packages.remarks(installed, unavailable)
+        if not found.problem:
+            packages.write_metadata([(n, v) for n, v in found.own], layer)
+            if absent := packages.absent_imports(found.unresolved, layer):
+                missing.insert(0, packages.absent_remark(absent))
         if flag := edition_flag(course_edition, found.answers):
             missing.insert(0, flag)
         if found.problem:
@@ -143,6 +149,8 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
             if "reason" in entry and not entry.get("passed") and not str(entry["reason"]).startswith(GRADER_FAILURE):
                 reason = packages.hold_unavailable(str(entry["reason"]), list(unavailable))
                 entry["reason"] = packages.hold_unrunnable(reason, found.python)
+        if why := hold_if_nothing_imports(entries):
+            missing.insert(0, why)
         tests = report.grade_tests(entries, problems, notes, not_run)
         rows = report.problem_grades(tests, problems, hand_graded(edition))
         seconds = time.monotonic() - start
@@ -177,6 +185,24 @@ NOT_CHECKED = ("Not checked on this grader: the bytes the ranks carry, read from
 
 
 SCRATCH_PREFIX = "grade-"
+
+
+def hold_if_nothing_imports(entries: list[dict]) -> str:
+    """Where every test ran and failed while the submission's adapters were imported
+    (submission.AT_IMPORT), nothing of its code was graded: an environment that differs from the
+    course's (a package's metadata, a module the grader lacks) zeroes it as surely as a bug. Each
+    such test is held for review with its import error, never zeroed in silence; grade.md's first
+    line says so (with the error). "" where some test got past the import."""
+    failed = [e for e in entries if not e.get("passed")]
+    if not failed or len(failed) < len(entries) or any(AT_IMPORT not in str(e.get("reason", "")) for e in failed):
+        return ""
+    first = str(failed[0]["reason"])
+    for entry in failed:
+        if not review.is_held(str(entry["reason"])):
+            entry["reason"] = review.held("every test failed while the submission's adapters were imported, so "
+                                          "none of its code was graded: a TA checks the error in the course's "
+                                          "environment", str(entry["reason"]))
+    return f"Every test failed at import, held for review (not graded): {first}"
 
 
 def edition_flag(course: str | None, answers: str | None) -> str | None:

@@ -43,6 +43,7 @@ class Intake:
     preload: list[str] = field(default_factory=list)  # libraries its files import: the fork server's (packages.py)
     unresolved: list[str] = field(default_factory=list)  # names its files import that nothing here provides
     python: str | None = None  # its requires-python, where it excludes the grader's Python
+    own: list[list[str]] = field(default_factory=list)  # its own projects, [name, version]: packages.own_projects
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -85,6 +86,7 @@ def inspect(submission: Path, tree: Path, edition: str | None) -> Intake:
     found.roots = [str(r) for r in python_roots(root, remarks)]
     found.remarks = remarks + missing_packages(root, adapters, edition or detected)
     found.to_install = packages.missing(root, project_folders(root))
+    found.own = [list(p) for p in packages.own_projects(root, project_folders(root))]
     found.preload, found.unresolved = packages.libraries([Path(r) for r in found.roots] or [root])
     found.python = packages.python_needed(root)
     if found.python:

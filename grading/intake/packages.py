@@ -92,6 +92,70 @@ def missing(root: Path, projects: list[Path]) -> list[str]:
     return found
 
 
+# A distribution's name as PEP 508 writes it, and at most this long: the .dist-info folder's name.
+_DIST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,98}[A-Za-z0-9])?$")
+UNVERSIONED = "0"  # a project whose version is dynamic (its build backend computes it): not run here
+
+
+def own_projects(root: Path, projects: list[Path]) -> list[tuple[str, str]]:
+    """The submission's own projects (its root and the folders its pyproject.toml names: path
+    sources, workspace members), as ``uv sync`` installs them: (name, version) from each
+    ``[project]`` table, a name that is no distribution name skipped, a version PEP 440 does not
+    read (or a dynamic one) written as ``UNVERSIONED``. Read as text: no build backend runs."""
+    from packaging.version import InvalidVersion, Version
+
+    found: dict[str, tuple[str, str]] = {}
+    for folder in [root, *projects]:
+        project = _toml(folder / "pyproject.toml").get("project")
+        name = project.get("name") if isinstance(project, dict) else None
+        if not isinstance(name, str) or not _DIST_NAME.match(name):
+            continue
+        try:
+            version = str(Version(str(project.get("version"))))
+        except InvalidVersion:
+            version = UNVERSIONED
+        found.setdefault(normalized(name), (name, version))
+    return list(found.values())
+
+
+def write_metadata(projects: list[tuple[str, str]], layer: Path) -> list[str]:
+    """A ``.dist-info`` of METADATA alone in ``layer`` for each of the submission's own projects
+    (``own_projects``) that neither the layer nor this environment has, as ``uv sync`` leaves
+    one: ``importlib.metadata.version("cs336_basics")`` at import then answers as in the course's
+    environment (a public student's assignment-1 package does it; every test failed at import
+    without). Static text from its pyproject.toml, written by the harness: its build backend,
+    the submission's own code, never runs, here or anywhere. What was written, as name==version."""
+    written = []
+    for name, version in projects:
+        wheel_name = re.sub(r"[-_.]+", "_", name).lower()  # the wheel spec's escaping of a .dist-info name
+        try:
+            importlib.metadata.distribution(name)
+            continue  # this environment has it already: the course's
+        except importlib.metadata.PackageNotFoundError:
+            pass
+        if layer.is_dir() and any(normalized(p.name.split("-")[0]) == normalized(name) for p in layer.glob("*.dist-info")):
+            continue
+        info = layer / f"{wheel_name}-{version}.dist-info"
+        info.mkdir(parents=True, exist_ok=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "INSTALLER").write_text("grading\n")
+        written.append(f"{name}=={version}")
+    return written
+
+
+def absent_imports(unresolved: list[str], layer: Path) -> list[str]:
+    """The top-level names the submission's files import that neither it, this environment nor
+    what was installed for it provides; the course's packages (``cs336_*``) are named apart
+    (submission.missing_packages)."""
+    tops = dict.fromkeys(n.split(".")[0] for n in unresolved if not n.startswith("cs336"))
+    return [n for n in tops if not provided([n], layer)]
+
+
+def absent_remark(names: list[str]) -> str:
+    return (f"Imports {', '.join(names)}, which neither the submission, nor the course's environment, nor a package "
+            "its pyproject.toml declares provides: a test that fails on one of them says so.")
+
+
 MAX_PRELOAD = 40  # libraries the fork server imports for a submission at most
 PRELOAD_ENV = "GRADING_PRELOAD"  # what the harness tells the fork server to import (grading/isolation/preload.py)
 COMPILE = "torch.compile"  # in that list: a file decorates with torch.compile, whose first call imports ~600 modules
@@ -113,6 +177,7 @@ def libraries(roots: list[Path], max_files: int = 2000) -> tuple[list[str], list
     names: set[str] = set()
     compiled = False
     files = [f for r in roots for f in _python_files(r, max_files)][:max_files]
+    own |= {f.stem for f in files} | {f.parent.name for f in files}  # a script's sibling module is its own
     for path in files:
         try:
             tree = ast.parse(read_regular(path))

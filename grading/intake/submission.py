@@ -37,6 +37,11 @@ class AdapterMissing(Exception):
     """The submission does not provide an adapter; the message is the grade's one line."""
 
 
+# What a rank's reason ends with when the adapters file could not be imported at all: the
+# harness holds a submission whose every test ends so (harness.hold_if_nothing_imports).
+AT_IMPORT = "while importing the submission's adapters"
+
+
 def adapters_file(root: Path) -> Path | None:
     for name in ADAPTER_FILES:
         if (root / name).is_file():
@@ -265,7 +270,14 @@ def load_adapter(name: str):
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001 - any error at import: the one line says which, and where
+            from grading.isolation.ranks import one_line  # rank side only: ranks.py imports this module
+
+            del sys.modules[module_name]
+            raise AdapterMissing(f"{one_line(e, [str(r) for r in roots])} ({AT_IMPORT}, "
+                                 f"{path.relative_to(root)})") from e
         sys.modules["grading_submission_adapters"] = module
     fn = getattr(module, name, None)
     if fn is None:
