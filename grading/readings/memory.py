@@ -88,8 +88,9 @@ def judged(run, again: Callable[[], object], finding: Callable[[object], str],
 
 
 def inside_summary(reports: list[dict]) -> str:
-    return ", ".join(f"rank {r} reaches {mb(report['inside'])} of tensors" for r, report in enumerate(reports)
-                     if isinstance(report.get("inside"), int)) or "not counted"
+    return ", ".join(f"rank {r} reaches {mb(report['inside'])} of tensors" + (
+        f" (its weights: {mb(report['inside_weights'])})" if isinstance(report.get("inside_weights"), int) else "")
+                     for r, report in enumerate(reports) if isinstance(report.get("inside"), int)) or "not counted"
 
 
 def outside_summary(reports: list[dict]) -> str:
@@ -134,17 +135,21 @@ def inside_state(reports: list[dict], full_state: int, side: str) -> str | None:
 
 
 def inside_weights(reports: list[dict], weights: dict[str, int], replicated: int) -> str | None:
-    """What the ranks' own tensors (what the FSDP object reaches, counted inside) say of its
-    weights' sharding: over 1/ws of every weight, the replicated parameters and half a weight
-    kept whole is not sharded."""
+    """What the ranks' own tensors say of its weights' sharding: its weights (the FSDP's
+    parameters and the tensors its layers hold, training.weights_inside; where not counted, all
+    the FSDP object reaches) over 1/ws of every weight, the replicated parameters and half a
+    weight kept whole is not sharded. Buffers beside the weights are not weights: an FSDP that
+    keeps each reduce-scatter's work handle, and its full gradient, until the next forward holds
+    them between steps with every weight at 1/ws; the reading from outside counts them, and the
+    two witnesses disagreeing hold it for review (it was capped as "weights not sharded")."""
     ws = len(reports)
-    counts = [r.get("inside") for r in reports]
+    counts = [r.get("inside_weights", r.get("inside")) for r in reports]
     if not all(isinstance(c, int) for c in counts):
         return None
     bound = sum(weights.values()) / ws + replicated + min(weights.values()) * (1 - 1 / ws) / 2
     for rank, count in enumerate(counts):
         if count > bound:
-            return f"rank {rank}'s FSDP object reaches {mb(count)} of tensors, over {mb(bound)}"
+            return f"rank {rank}'s weights come to {mb(count)}, counted inside it, over {mb(bound)}"
     return ""
 
 

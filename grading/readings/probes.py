@@ -44,6 +44,7 @@ class Call:
     # backward): a wait at the very end of backward, as torch's DDP makes in its final callback,
     # comes after every later layer's work and is not one
     waited_in_backward: bool = False
+    dtype: str = ""  # the payload's dtype ("bfloat16"): what a gather carried, as the rank's own record says
 
     @property
     def reduction(self) -> bool:
@@ -63,6 +64,9 @@ class CollectiveLog:
     backward_running: bool = False  # from loss.backward() until it returns
     paused: bool = False  # the suite's own collectives are not the submission's
     at_probe: object = None  # called (no arguments) when backward reaches the probe: the traffic run's hold
+    # the work handles of the collectives issued since, while a traffic run's gate (training._Gate)
+    # watches them until the probe; None otherwise (a handle keeps its tensors alive)
+    pending: list | None = None
 
     def reductions(self, since: int = 0) -> list[Call]:
         return [c for c in self.calls[since:] if c.reduction]
@@ -71,16 +75,22 @@ class CollectiveLog:
 LOG = CollectiveLog()
 
 
-def payload_bytes(args: tuple, kwargs: dict) -> int:
+def payload(args: tuple, kwargs: dict) -> tuple[int, str]:
     """The bytes a collective carries: its largest tensor argument, a list of tensors summed
-    (reduce_scatter's inputs); the output of reduce_scatter_tensor is smaller than its input."""
-    sizes = [0]
+    (reduce_scatter's inputs; the output of reduce_scatter_tensor is smaller than its input);
+    and that argument's dtype."""
+    sizes = [(0, "")]
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor):
-            sizes.append(value.numel() * value.element_size())
+            sizes.append((value.numel() * value.element_size(), _dtype(value)))
         elif isinstance(value, (list, tuple)):
-            sizes.append(sum(t.numel() * t.element_size() for t in value if isinstance(t, torch.Tensor)))
-    return max(sizes)
+            tensors = [t for t in value if isinstance(t, torch.Tensor)]
+            sizes.append((sum(t.numel() * t.element_size() for t in tensors), _dtype(tensors[0]) if tensors else ""))
+    return max(sizes, key=lambda s: s[0])
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 class TrackedWork:
@@ -103,11 +113,14 @@ def _wrapped(name: str, original):
     def collective(*args, **kwargs):
         if LOG.paused:
             return original(*args, **kwargs)
-        call = Call(name, LOG.in_backward, payload_bytes(args, kwargs))
+        nbytes, dtype = payload(args, kwargs)
+        call = Call(name, LOG.in_backward, nbytes, dtype=dtype)
         LOG.calls.append(call)
         work = original(*args, **kwargs)
         if work is not None and hasattr(work, "wait"):
             call.is_async = True
+            if LOG.pending is not None:
+                LOG.pending.append(work)
             return TrackedWork(work, call)
         return work
 

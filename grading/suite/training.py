@@ -169,15 +169,21 @@ def released_batch(sent: bytes) -> dict | None:
 class _Gate:
     """The overlap test's holds (grading/readings/traffic.py): before forward, when backward reaches the
     probe (the first layer's backward still to run), and after the backward's synchronisation.
-    At the probe the rank first waits, at most ``WAIT_S``, until the loopback has carried what
-    the grader expects of the layers above it (``expected["above"]`` bytes, from its calibration):
-    asynchronous all-reduces run on gloo's thread, and get the time they need. The wait only
-    decides when to hold; the grader judges the bytes it reads itself, with every rank stopped."""
+    At the probe of every judged step (from step 2: a bucketed wrapper may build its buckets in
+    step 1, carried.ddp_finding) the rank first waits, at most ``WAIT_S``, until the loopback has
+    carried what the grader expects of the layers above it (``expected["above"]`` bytes, from its
+    calibration: the check's pass mark, never more), or until every collective the rank issued
+    since forward has finished (no byte of its is still on its way). Asynchronous all-reduces run
+    on gloo's thread, and get the time they need; a wrapper that sent nothing during backward
+    costs no wait. The wait only decides when to hold; the grader judges the bytes it reads itself,
+    with every rank stopped. A wait that ran out never stops the next step's: a wrapper that asked
+    for its last bucket late in one step (75% of the bytes, past a pass mark of 70%, but under the
+    80% the wait once asked for) was read mid-flight in every later step, and capped."""
 
     WAIT_S = 10.0
 
     def __init__(self, ctx: Rank, expected: dict):
-        self.ctx, self.above, self.step, self.start, self.waited = ctx, expected["above"], 0, 0, False
+        self.ctx, self.above, self.step, self.start = ctx, expected["above"], 0, 0
         probes.LOG.at_probe = self.at_probe
 
     def before_forward(self, step: int) -> dict | None:
@@ -185,14 +191,24 @@ class _Gate:
         self.step = step
         sent = self.ctx.hold(f"before forward of step {step}")
         self.start = traffic.loopback_bytes() or 0
+        probes.LOG.pending = []  # the work handles of this step's collectives, until the probe
         return released_batch(sent)
 
     def at_probe(self) -> None:
-        deadline = time.monotonic() + (0 if self.waited else self.WAIT_S)
-        while (traffic.loopback_bytes() or 0) - self.start < self.above and time.monotonic() < deadline:
+        deadline = time.monotonic() + (self.WAIT_S if self.step > 1 else 0)
+        while (traffic.loopback_bytes() or 0) - self.start < self.above and time.monotonic() < deadline \
+                and not all(_finished(w) for w in probes.LOG.pending):
             time.sleep(0.002)
-        self.waited = self.waited or time.monotonic() >= deadline  # once: a wrong solution costs one wait
+        probes.LOG.pending = None  # the handles go: they hold the wrapper's buffers
         self.ctx.hold(f"backward reached the first layer of step {self.step}")
+
+
+def _finished(work) -> bool:
+    """Whether a collective's work is done (gloo's handles say so); one that cannot say is not."""
+    try:
+        return bool(work.is_completed())
+    except Exception:  # noqa: BLE001 - a handle of another kind: waited for until the deadline
+        return False
 
 
 def train_sharded_optimizer(ctx: Rank, job: dict) -> dict:
@@ -257,6 +273,8 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
     measure, carried = case.get("measure", False), case.get("traffic", False)
     if measure:
         ctx.pause(outside.BEFORE)
+    if carried:  # the rank's own record of its gathers' dtypes, beside the loopback's bytes (carried.py)
+        probes.install_collective_log()
     get, after = load_adapter("get_fsdp"), load_adapter("fsdp_on_after_backward")
     gather = load_adapter("fsdp_gather_full_params")
     imported = {}
@@ -275,12 +293,14 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
     dtype = getattr(torch, case["compute_dtype"]) if case.get("compute_dtype") else None
     fsdp = get(model, compute_dtype=dtype)
     optimizer = models.make_optimizer(case["optimizer"], fsdp.parameters())
-    gathered, masters, output = [], {}, ""
+    gathered, masters, output, gathers = [], {}, "", []
     for step, batch in enumerate(job["batches"], 1):
         optimizer.zero_grad(set_to_none=True)
         if carried:
             batch = released_batch(ctx.hold(f"before forward of step {step}")) or batch
+        mark = len(probes.LOG.calls)
         logits = fsdp(batch["ids"])
+        forward_end = len(probes.LOG.calls)
         output = output or str(logits.dtype)
         loss = F.cross_entropy(logits.float().flatten(0, 1), batch["labels"].flatten())
         if measure:
@@ -292,6 +312,7 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
         after(fsdp, optimizer)
         if carried:
             ctx.hold(f"after backward of step {step}")
+            gathers.append([_gathers(probes.LOG.calls[mark:forward_end]), _gathers(probes.LOG.calls[forward_end:])])
         masters = masters or {n: [str(p.dtype), str(p.grad.dtype) if p.grad is not None else ""]
                               for n, p in fsdp.named_parameters()}
         optimizer.step()
@@ -305,8 +326,31 @@ def train_fsdp(ctx: Rank, job: dict) -> dict:
         gathered.append(sampled(by_model_names(full, layout) if sample is not None else full, sample))
         del full
     optimizer.zero_grad(set_to_none=True)
-    return {"layout": layout, "params": gathered, "masters": masters, "output": output,
-            **(inside(fsdp, "fsdp", set()) if measure else {"hint": []}), **imported, **imported_since(imported)}
+    return {"layout": layout, "params": gathered, "masters": masters, "output": output, "gathers": gathers,
+            **(inside(fsdp, "fsdp", set()) if measure else {"hint": []}),
+            **({"inside_weights": weights_inside(fsdp, model)} if measure else {}), **imported, **imported_since(imported)}
+
+
+def _gathers(calls: list) -> list[list]:
+    """[bytes, dtype] of each all-gather among ``calls``, as the rank's own collective log saw it."""
+    return [[c.nbytes, c.dtype] for c in calls if c.name in ("all_gather", "all_gather_into_tensor", "_all_gather_base")]
+
+
+def weights_inside(fsdp, model: torch.nn.Module) -> int:
+    """The bytes of what the rank's weights are, counted inside it: the storages of the FSDP's
+    parameters (what its optimizer steps) and of every tensor the model's layers hold as an
+    attribute (a full weight a layer keeps between steps among them). Not its communication
+    buffers: a reduce-scatter's full gradient kept with its work handle until the next forward is
+    no weight (memory.inside_weights: the reading from outside counts it; the two then disagree)."""
+    storages: dict[int, int] = {}
+    tensors = list(fsdp.parameters()) if hasattr(fsdp, "parameters") else []
+    for module in model.modules():
+        tensors += [v for v in (*module._parameters.values(), *module._buffers.values(), *vars(module).values())
+                    if isinstance(v, torch.Tensor)]
+    for t in tensors:
+        if t.device.type != "meta":
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
 
 
 def calibrate_sharded_optimizer(ctx: Rank, job: dict) -> dict:
