@@ -193,8 +193,9 @@ def hold_if_nothing_imports(entries: list[dict]) -> str:
     course's (a package's metadata, a module the grader lacks) zeroes it as surely as a bug. Each
     such test is held for review with its import error, never zeroed in silence; grade.md's first
     line says so (with the error). "" where some test got past the import."""
-    failed = [e for e in entries if not e.get("passed")]
-    if not failed or len(failed) < len(entries) or any(AT_IMPORT not in str(e.get("reason", "")) for e in failed):
+    runs = [e for e in entries if "test" in e]  # not the collection's entries (plugin.py)
+    failed = [e for e in runs if not e.get("passed")]
+    if not failed or len(failed) < len(runs) or any(AT_IMPORT not in str(e.get("reason", "")) for e in failed):
         return ""
     first = str(failed[0]["reason"])
     for entry in failed:
