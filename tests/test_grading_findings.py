@@ -2,7 +2,8 @@
 
 * compare() on a rank whose step moved every weight twice as far as the reference's (gradients
   summed over 2 ranks) or two thirds as far (a divisor of 3 on top of an average over 2): the
-  finding names the factor and its likely cause; a difference that is no factor names none.
+  finding names the factor and its likely cause; a difference that is no factor names none; a
+  weight the step never moved says so, not "a wrong count".
 * The plugin, with --grading-repeats 3, runs a test that fails with the stub's
   NotImplementedError once and skips its other repetitions; a test that fails otherwise runs
   every time.
@@ -39,6 +40,13 @@ def test_a_constant_factor_is_named(factor):
     assert found.startswith("rank 0: parameter w after step 1 of 1 differs from single-process training"), found
     assert f"the step moved it {factor:.3g} times as far as single-process training" in found
     assert "the average's divisor?" in found
+
+
+def test_a_parameter_the_step_left_alone_is_named_so():
+    """A factor of 0 is no wrong divisor: a parameter the optimizer never stepped reads as such."""
+    reports, expected = _reports(0.0)
+    found = compare(reports, expected, ["after construction", "after step 1 of 1"], DISAGREE)
+    assert "the step did not move it at all" in found and "divisor" not in found, found
 
 
 def test_a_difference_that_is_no_factor_names_none():

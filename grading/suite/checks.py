@@ -186,11 +186,14 @@ def compare(reports: list[dict], expected: list[dict[str, torch.Tensor]], what: 
 def _factor(got: torch.Tensor, want: torch.Tensor, before: torch.Tensor) -> str:
     """When a step moved a parameter by the reference's step times one factor, the same on every
     element (within 1%), what that factor suggests: a gradient scaled by a wrong count (summed
-    over 2 ranks: 2; divided by 3 after averaging: 0.333). "" otherwise, or for a factor near 1."""
+    over 2 ranks: 2; divided by 3 after averaging: 0.333), or that the step never moved it. "" otherwise,
+    or for a factor near 1."""
     moved, wanted = got.to(want.dtype).flatten() - before.flatten(), want.flatten() - before.flatten()
     norm = float(wanted @ wanted)
     if norm == 0.0 or not torch.isfinite(moved).all():
         return ""
+    if float(moved.norm()) == 0.0:  # a factor of 0 is no wrong count: the step left it where it was
+        return "; the step did not move it at all (a parameter the optimizer never stepped?)"
     factor = float(moved @ wanted) / norm
     if abs(factor - 1) < 0.05 or float((moved - factor * wanted).norm()) > 0.01 * norm ** 0.5 * abs(factor):
         return ""
