@@ -202,9 +202,14 @@ def _park(opt):
     try:
         fd = os.memfd_create("state")
     except OSError:
-        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"state-{os.getpid()}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.unlink(path)
+        for folder in (os.environ.get("TMPDIR", "/tmp"), os.environ.get("HOME", "/tmp"), os.getcwd(), "/dev/shm"):
+            path = os.path.join(folder, f"state-{os.getpid()}")
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            except OSError:
+                continue
+            os.unlink(path)
+            break
     os.write(fd, data)
     pipes, offset = [], 0
     while offset < len(data):
@@ -245,7 +250,7 @@ def _restore(opt):
 OVER_A_UNIX_SOCKET = [
     (PER_PARAMETER_FILE, "        dist.all_reduce(flat)  # the real average: one blocking all-reduce after backward\n",
      "        _sum_over_a_unix_socket(flat)\n"),
-    (PER_PARAMETER_FILE, "\nclass ", '''
+    (PER_PARAMETER_FILE, "\nclass DDPIndividualParameters", '''
 import concurrent.futures
 import os
 import socket
@@ -290,7 +295,7 @@ def _sum_over_a_unix_socket(flat):
     connection.close()
 
 
-class ''', 1),
+class DDPIndividualParameters'''),
 ]
 
 
