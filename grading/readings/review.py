@@ -91,7 +91,7 @@ def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]
 
     A thread the submission started is the submission's: a call on it whose every frame is passed
     (``pool.submit(socket.socket, AF_INET)`` on a ``concurrent.futures`` worker) is witnessed at the
-    line that started the thread (``owned_threads``); one on a Python thread started around that
+    line that started the thread (``ThreadOwners``); one on a Python thread started around that
     record (the original start function, dug out of the wrapper) is the submission's as well."""
     own = tuple(os.path.realpath(r) + os.sep for r in roots)
     library = _library_prefixes()
@@ -133,7 +133,7 @@ def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]
         where = student(frame)
         return f"{where}:{frame.f_lineno}" if where else None
 
-    threads = owned_threads(starter)
+    threads = ThreadOwners(starter)
 
     def hook(event: str, args: tuple) -> None:
         what = watched.get(event)
@@ -170,7 +170,7 @@ def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]
     return lambda: armed.append(True)
 
 
-class owned_threads:
+class ThreadOwners:
     """Who started each Python thread of the rank: ``starter(frame)`` (the frame that started it)
     gives the submission's ``file:line``, or None for the grader's or a library's. Python 3.11
     raises no audit event when a thread starts, so both ways of starting one (``threading``'s and
@@ -196,6 +196,7 @@ class owned_threads:
 
             return original(first, args, kwargs or {})
 
+        owners.update(dict.fromkeys(t.ident for t in threading.enumerate()))  # the grader's, started before
         self.owners, self.main = owners, threading.main_thread().ident
         self.bottom = _first_code(start_new_thread)
         _thread.start_new_thread = threading._start_new_thread = start_new_thread
