@@ -132,6 +132,7 @@ class Containment:
                  if self.share.memory else "no memory cgroup: each rank's memory read from /proc, its processes only"),
                 ("traffic", "the bytes ranks carry read from their own loopback" if self.namespaces
                  else "no loopback of their own: the bytes they carry are not read"),
+                ("calls", "the calls of the kernel policy refused in every rank, on every thread (grading/isolation/policy.py)"),
                 ("witnesses", "what the submission's code does witnessed by audit hooks in every rank")]
         return "Guarantees on this grader: " + "; ".join(text for _, text in held) + "."
 

@@ -41,7 +41,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from grading.readings import outside, review, traffic
-from grading.isolation import rank_cgroups, scrub, wire
+from grading.isolation import policy, rank_cgroups, scrub, wire
 from grading.isolation.sandbox import STORAGE_BYTES, confine, private_storage
 from grading.selfcheck import GRADER_FAILURE
 
@@ -190,6 +190,7 @@ def _rank_main(rank: int, world_size: int, store_port: int, fn: Callable, payloa
             workdir = private_storage(home, os.environ.get("GRADING_RANK_SHM"),
                                       roots[0] if os.environ.get("GRADING_TREE_READ_ONLY") else None)
         confine()
+        policy.install(policy.AT_START)  # before the submission's first import, on every thread
         if cgroup is not None:
             rank_cgroups.wait_until_moved(*cgroup)
         _use_submission(roots, workdir if workdir != home else None)
@@ -207,6 +208,7 @@ def _rank_main(rank: int, world_size: int, store_port: int, fn: Callable, payloa
         # rank whose test ended before its first collective (or before any) left its peer still
         # connecting, which failed there with "connection closed by peer", a start-up failure.
         dist.barrier()
+        policy.install(policy.GROUP_UP)
         arm = review.witness(lambda message: _send(writer.fileno(), wire.encode(message)),
                              [*roots, *([workdir] if workdir else [])], on_disk=home is not None and workdir is None)
         started = True

@@ -18,10 +18,12 @@ string or an import by a computed name hides nothing from a hook that sees the c
 
 from __future__ import annotations
 
+import _thread
 import os
 import site
 import sys
 import sysconfig
+import threading
 from typing import Callable
 
 HELD = "held for review: "
@@ -85,7 +87,12 @@ def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]
     hook never raises (an honest call goes through whatever happens here), holds the only
     references it uses, and cannot be removed (PEP 578); the flag ``arm`` sets can only be set.
     ``on_disk``: the rank's storage is on disk, and a file it opens for writing is witnessed too,
-    whoever's code makes the call for it (the innermost of its own frames names the line)."""
+    whoever's code makes the call for it (the innermost of its own frames names the line).
+
+    A thread the submission started is the submission's: a call on it whose every frame is passed
+    (``pool.submit(socket.socket, AF_INET)`` on a ``concurrent.futures`` worker) is witnessed at the
+    line that started the thread (``ThreadOwners``); one on a Python thread started around that
+    record (the original start function, dug out of the wrapper) is the submission's as well."""
     own = tuple(os.path.realpath(r) + os.sep for r in roots)
     library = _library_prefixes()
     grader = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep  # grading/
@@ -112,6 +119,22 @@ def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]
 
     watched = {**WATCHED, **(ON_DISK if on_disk else {})}
 
+    def outermost_passed(frame):
+        """The first frame the walk out from ``frame`` does not pass; None where it passed them
+        all, up to the thread's first (the owner of the thread then decides)."""
+        while frame is not None and passed(frame) and frame.f_code is not threads.bottom:
+            frame = frame.f_back
+        return None if frame is None or frame.f_code is threads.bottom else frame
+
+    def starter(frame) -> str | None:
+        frame = outermost_passed(frame)
+        if frame is None:
+            return threads.owner()  # a thread started from a thread: the first one's owner
+        where = student(frame)
+        return f"{where}:{frame.f_lineno}" if where else None
+
+    threads = ThreadOwners(starter)
+
     def hook(event: str, args: tuple) -> None:
         what = watched.get(event)
         if what is None or not armed or len(seen) >= MAX_HITS:
@@ -124,12 +147,19 @@ def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]
                 while frame is not None and not frame.f_code.co_filename.startswith("<frozen") and student(frame) is None:
                     frame = frame.f_back
             elif event != "compile":
-                while frame is not None and passed(frame):
-                    frame = frame.f_back
-            where = student(frame) if frame is not None else None
-            if where is None:
-                return
-            line = f"{where}:{frame.f_lineno}: {what}"
+                frame = outermost_passed(frame)
+            elif frame is not None and passed(frame) and outermost_passed(frame) is None:
+                frame = None  # compiled by the standard library on a thread nobody else's code is on
+            if frame is None:
+                owner = threads.owner()
+                if owner is None:
+                    return
+                line = f"{owner}: {what} (on a thread started there)"
+            else:
+                where = student(frame)
+                if where is None:
+                    return
+                line = f"{where}:{frame.f_lineno}: {what}"
             if line not in seen:
                 seen.add(line)
                 send({"witness": line})
@@ -138,6 +168,52 @@ def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]
 
     sys.addaudithook(hook)
     return lambda: armed.append(True)
+
+
+class ThreadOwners:
+    """Who started each Python thread of the rank: ``starter(frame)`` (the frame that started it)
+    gives the submission's ``file:line``, or None for the grader's or a library's. Python 3.11
+    raises no audit event when a thread starts, so both ways of starting one (``threading``'s and
+    ``_thread``'s own) are wrapped here, in the rank, before the submission is imported; the
+    wrapper's frame (``bottom``) is each thread's first, and the thread leaves its record when it
+    ends. ``owner()``: this thread's owner; a Python thread without a record was started around
+    the wrappers (by code that dug the original out) but known to ``threading`` is the submission's."""
+
+    UNRECORDED = "a thread started around the grader's record"
+
+    def __init__(self, starter: Callable):
+        original, owners, get_ident = _thread.start_new_thread, {}, _thread.get_ident
+
+        def start_new_thread(function, args, kwargs=None):
+            owner = starter(sys._getframe(1))
+
+            def first(*a, **k):
+                owners[get_ident()] = owner
+                try:
+                    return function(*a, **k)
+                finally:
+                    owners.pop(get_ident(), None)
+
+            return original(first, args, kwargs or {})
+
+        owners.update(dict.fromkeys(t.ident for t in threading.enumerate()))  # the grader's, started before
+        self.owners, self.main = owners, threading.main_thread().ident
+        self.bottom = _first_code(start_new_thread)
+        _thread.start_new_thread = threading._start_new_thread = start_new_thread
+
+    def owner(self) -> str | None:
+        ident = _thread.get_ident()
+        if ident in self.owners:
+            return self.owners[ident]
+        thread = threading._active.get(ident)
+        if ident == self.main or thread is None or isinstance(thread, threading._DummyThread):
+            return None  # the rank's own thread, or one of torch's or gloo's calling into Python
+        return self.UNRECORDED
+
+
+def _first_code(wrapper):
+    """The code of the function ``wrapper`` defines inside itself (each thread's first frame)."""
+    return next(c for c in wrapper.__code__.co_consts if hasattr(c, "co_name") and c.co_name == "first")
 
 
 def take(buffer: bytearray, frame, found: list[str]) -> bool:
