@@ -43,6 +43,7 @@ from grading.intake.submission import AT_IMPORT
 from grading.readings import review
 from grading.reports import report
 from grading.isolation import sandbox, scrub
+from grading.isolation.preload import DECLARED_ENV
 from grading import selfcheck
 from grading.isolation.containment import Containment, ContainmentError, limit, namespaces_available, package_paths
 from grading.reports.outcomes import SLOW_FRACTION, Outcomes
@@ -135,7 +136,7 @@ def grade(submission: Path, out: Path, repeats: int = 3, edition: str | None = N
                 entries, not_run = _run_suite(scratch, [Path(r) for r in found.roots], edition, repeats, limits,
                                               containment, submission, out, only, select, deadline,
                                               layer if layer.is_dir() else None,
-                                              found.preload + packages.provided(found.unresolved, layer))
+                                              found.preload, packages.provided(found.unresolved, layer))
             except ContainmentError as e:
                 notes = dict.fromkeys(GRADED[edition], f"not graded: {e}")
             failed_to_start = [e for e in entries if str(e.get("reason", "")).startswith(GRADER_FAILURE)]
@@ -247,7 +248,7 @@ def scratch_folder() -> tuple[Path, int]:
 def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, limits: Limits,
                containment: Containment, submission: Path, out: Path, only: tuple[str, ...] | None,
                select: str | None, deadline: float, layer: Path | None = None,
-               preload: list[str] = ()) -> tuple[list[dict], str]:
+               preload: list[str] = (), declared: list[str] = ()) -> tuple[list[dict], str]:
     """Run the suite on the submission in a contained process; the outcomes its plugin sent.
 
     pytest imports only the grader's copy (its path is that copy and site-packages: never the
@@ -256,7 +257,8 @@ def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, lim
     server's socket) is the grader's alone; the ranks get the submission's home. Returns only
     once every process of the run is gone. ``layer``: the packages installed for this submission
     (packages.py), read-only to the ranks, on their path after the submission's folders;
-    ``preload``: the libraries the fork server imports for them (grading/isolation/preload.py)."""
+    ``preload``: the environment's libraries the fork server imports for them, ``declared`` the
+    modules of the layer's packages each rank imports itself (grading/isolation/preload.py)."""
     grader, private, home = scratch / "grader", scratch / "private", scratch / "home"
     shutil.copytree(GRADER_DIR, grader / "grading", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (grader / "pytest.ini").write_text("[pytest]\n")
@@ -282,7 +284,7 @@ def _run_suite(scratch: Path, roots: list[Path], edition: str, repeats: int, lim
         "GRADING_TOKEN": containment.token, "GRADING_EDITION": edition,
         "GRADING_SUBMISSION_ROOTS": os.pathsep.join(map(str, roots)),
         **({packages.LAYER_ENV: str(layer)} if layer else {}),
-        packages.PRELOAD_ENV: ",".join(preload),
+        packages.PRELOAD_ENV: ",".join(preload), DECLARED_ENV: ",".join(declared),
         **({sandbox.PRIVATE_STORAGE_ENV: "0"} if not sandbox.user_namespaces_allowed() else {}),
         **({sandbox.DISK_ENV: os.pathsep.join(map(str, writable))} if not read_only else {}),
         "GRADING_TEST_TIMEOUT": str(limits.test_timeout_s),

@@ -150,9 +150,9 @@ def test_a_rank_cannot_leave_its_cgroup():
 ])
 def test_a_rank_cgroup_is_read_alike_on_v1_and_v2(tmp_path, kind, files):
     """Each version's files, as the kernel writes them (a folder standing in for the cgroup): the
-    judged bytes are the resident anonymous memory of the processes listed in it plus its page
-    cache, kernel and socket charges; the whole charge is kept beside them, not judged (v1 adds
-    its TCP counter, which its usage leaves out)."""
+    judged bytes are the whole charge (v1 adds its TCP counter, which its usage leaves out); its
+    parts are kept beside it, and ``parts`` (the second witness) is the resident anonymous memory
+    of the processes listed in it plus its page cache, kernel and socket charges."""
     from grading.isolation import rank_cgroups
 
     for name, text in files.items():
@@ -161,8 +161,9 @@ def test_a_rank_cgroup_is_read_alike_on_v1_and_v2(tmp_path, kind, files):
     reading = rank_cgroups.RankCgroups(kind, [tmp_path]).read(0)
     anon = rank_cgroups.memory_kb(os.getpid())["RssAnon"] << 10
     assert reading["source"] == kind and reading["processes"] == 1 and reading["peak"] == 60_000_000
-    assert abs(reading["bytes"] - (anon + 6_000_000)) < 4 * MB, reading  # this process's RssAnon moves a little
-    assert reading["charged"] == 50_000_000 and (reading["file"], reading["kernel"], reading["sock"]) == (3e6, 2e6, 1e6)
+    assert abs(reading["parts"] - (anon + 6_000_000)) < 4 * MB, reading  # this process's RssAnon moves a little
+    assert reading["bytes"] == 50_000_000 and (reading["file"], reading["kernel"], reading["sock"]) == (3e6, 2e6, 1e6)
+    assert reading["anon_charged"] == 40_000_000
 
 
 def _allocates(ctx, job) -> dict:

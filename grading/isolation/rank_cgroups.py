@@ -9,15 +9,20 @@ a test is moved by the grader into a cgroup of its own, under the run's memory c
 makes it; or, for a test run by hand on cgroup v1, one of this process's own), and a pause reads
 what that cgroup holds (``RankCgroups.read``):
 
-* the anonymous memory resident in every process in the cgroup (``RssAnon`` of each pid in
-  ``cgroup.procs``: the rank, its children, and a helper that double-forked and was reparented);
-* what the cgroup is charged beyond anonymous memory: page cache and tmpfs pages (a file in
-  ``/dev/shm`` or the home), kernel memory (pipe buffers, page tables) and socket buffers. cgroup
-  v2: ``memory.stat``'s ``file``, ``kernel`` and ``sock``; v1: ``total_cache``,
-  ``memory.kmem.usage_in_bytes`` and ``memory.kmem.tcp.usage_in_bytes`` (v1 counts TCP buffers
-  only once that counter has a limit; each rank's cgroup gets one);
-* beside them, never judged: the whole charge (``charged``: v2 ``memory.current``, v1
-  ``memory.usage_in_bytes``) and the peak (``memory.peak``, ``memory.max_usage_in_bytes``).
+* the cgroup's total charge (``bytes``, what checks judge): every page the kernel charges to it,
+  whoever maps it and wherever it lies (cgroup v2 ``memory.current``; v1
+  ``memory.usage_in_bytes`` plus ``memory.kmem.tcp.usage_in_bytes``, which v1 keeps apart, and
+  counts only once that counter has a limit: each rank's cgroup gets one). Pages a pipe holds
+  after the file they came from was truncated, a tmpfs file, a socket's buffers, a helper that
+  double-forked: all are in it, named by a part or not;
+* its parts, which explain a reading and make none: the cgroup's anonymous charge, page cache and
+  tmpfs pages (``file``), kernel memory (pipe buffers, page tables) and socket buffers (v2
+  ``memory.stat``'s ``anon``, ``file``, ``kernel``, ``sock``; v1 ``total_rss``, ``total_cache``,
+  ``memory.kmem.usage_in_bytes``, the TCP counter), and ``parts``, the reading issue 51 judged:
+  the anonymous memory resident in every process in the cgroup (``RssAnon``) plus file, kernel
+  and socket charges, a second witness (memory.py holds a problem where the two disagree across
+  a bound);
+* the peak (``memory.peak``, ``memory.max_usage_in_bytes``), recorded.
 
 Pages a rank touched before its move stay charged where they were (the fork server's cgroup):
 the rank waits for its move (``wait_until_moved``) before it joins its group, so its first
@@ -261,17 +266,14 @@ class RankCgroups:
             f.write(str(pid))
 
     def read(self, rank: int) -> dict | None:
-        """What the rank's cgroup holds now, in bytes: ``bytes`` (what checks judge) is the
-        anonymous memory resident in every process in the cgroup (``RssAnon``, a helper that left
-        the rank's tree included) plus what the cgroup is charged beyond anonymous memory: page
-        cache and tmpfs (``file``), kernel memory (pipe buffers, page tables) and socket buffers.
-        Not the cgroup's anonymous charge itself: that also grows with every page the rank
-        shares with the fork server and first writes after its first pause (a copy on write,
-        1.7 to 2.6 MB over a measured run, more for a submission that touches more), while the
-        page stays resident in the rank either way. ``charged`` is the whole charge
-        (``memory.current``), beside it, and ``anon_charged`` the anonymous charge, recorded, never
-        judged: it grows with every page shared with the fork server that the rank writes (a lazy
-        import's reference counts: 6.9 MB for one library), where the resident memory does not. None if the cgroup cannot be read."""
+        """What the rank's cgroup holds now, in bytes (see the module): ``bytes`` the total charge,
+        ``parts`` its processes' resident anonymous memory plus the file, kernel and socket
+        charges, and each part. A page the rank shares with the fork server and first writes
+        after its baseline (a copy on write) is charged to it then, while it was resident all
+        along: the charge grows by it and ``parts`` does not (1.7 to 2.6 MB over a measured run
+        before issue 57; a lazy import's reference counts charged 6.9 MB to one rank, which is why
+        the fork server preloads what a submission imports and a rank imports what it declares
+        before its baseline, preload.py). None if the cgroup cannot be read."""
         folder = self.folders[rank]
         stat = _stat(folder)
         if self.kind == "cgroup v2":
@@ -293,7 +295,7 @@ class RankCgroups:
             charged, anon_charged = int(usage) + parts["sock"], stat.get("total_rss", stat.get("rss", 0))
         processes = _pids(folder)
         anon = sum(_rss_anon(pid) for pid in processes)
-        reading = {"bytes": anon + sum(parts.values()), "anon": anon, **parts, "charged": charged,
+        reading = {"bytes": charged, "parts": anon + sum(parts.values()), "anon": anon, **parts,
                    "anon_charged": anon_charged, "processes": len(processes), "source": self.kind}
         if peak and peak.strip().isdigit():
             reading["peak"] = int(peak)

@@ -41,7 +41,7 @@ from datetime import timedelta
 from typing import Any, Callable
 
 from grading.readings import outside, review, traffic
-from grading.isolation import policy, rank_cgroups, scrub, wire
+from grading.isolation import policy, preload, rank_cgroups, scrub, wire
 from grading.isolation.sandbox import STORAGE_BYTES, confine, private_storage
 from grading.selfcheck import GRADER_FAILURE
 
@@ -212,6 +212,7 @@ def _rank_main(rank: int, world_size: int, store_port: int, fn: Callable, payloa
         arm = review.witness(lambda message: _send(writer.fileno(), wire.encode(message)),
                              [*roots, *([workdir] if workdir else [])], on_disk=home is not None and workdir is None)
         started = True
+        preload.import_declared()  # the submission's declared packages, in this rank alone (preload.py)
         ctx = Rank(rank, world_size, writer.fileno(), release.fileno() if release is not None else -1, arm)
         report: dict = {"value": fn(ctx, wire.decode(payload))}
     except BaseException as exc:  # noqa: BLE001 - anything a student's code raises is a result

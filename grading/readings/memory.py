@@ -2,12 +2,13 @@
 
 Each rank of a measured test pauses (grading/readings/outside.py): once before any of the submission's
 code runs, once its modules are imported (the adapters, and for FSDP the course's model module),
-then at the points a check names; what a rank *holds* at a pause is its memory there (its memory
-cgroup's, rank_cgroups.py, where the grader could make one; else its resident memory) less its
-memory once imported. What a submission does before its model exists (its imports, a compiled
-function's machinery, plotting libraries, the course's model package) is never counted as what
-it stores; what a rank holds after that, wherever it keeps it (a module global, a helper
-process, a file or a pipe, the last three only with a cgroup), is. What a rank holds that is the
+then at the points a check names; what a rank *holds* at a pause is its memory there (what the
+kernel charges its memory cgroup, rank_cgroups.py, where the grader could make one; else what
+every process of its tree holds, outside.py) less its memory once imported. What a submission
+does before its model exists (its imports, a compiled function's machinery, plotting libraries,
+the course's model package) is never counted as what it stores; what a rank holds after that,
+wherever it keeps it (a module global, a helper process, a file or a pipe, the last three only
+with a cgroup), is. What a rank holds that is the
 grader's (its model, autograd's and gloo's buffers) is measured in the same grading, by ranks
 of the grader's own at the same sizes and pauses with no submission code (``calibrated``). The
 models are sized so that what each check looks for is many megabytes, several times the spread
@@ -15,9 +16,11 @@ of that difference over runs of a correct solution under load (grading/README.md
 measured"); each bound lies halfway between what a correct solution holds and what the weakest
 solution it must catch holds.
 
-A reading is one witness. Where another disagrees with it (the rank's own tensors against a
-reading over its bound; a rank whose memory falls below what it held once imported), the check
-neither caps nor passes: it holds the problem for a TA's review with both (grading/readings/review.py).
+A reading is one witness. Where another disagrees with it (the charge's parts against the charge
+across a bound; the rank's own tensors against a reading over its bound; a rank whose memory
+falls below what it held once imported), the check neither caps nor passes: it holds the problem
+for a TA's review with both (grading/readings/review.py). A reading beyond its bound by less than
+a margin of it holds too: a reading caps only with a margin (grading/readings/bounds.py).
 
 Every finding says the requirement, the megabytes seen against the bound, and what a correct
 solution and the weak one would hold, so a TA can check it. The largest tensors the
@@ -36,17 +39,11 @@ import torch
 import torch.nn.functional as F
 
 from grading.readings import review
+from grading.readings.bounds import CAP, MB, crossed, explained, mb, not_capped, witnesses
 from grading.readings.outside import BEFORE, IMPORTED, KEY
 from grading.problems import named_for
 from grading.isolation.ranks import RankFailure, run_ranks
 from grading.selfcheck import GRADER_FAILURE
-
-MB = 2**20
-
-
-def mb(n: float) -> str:
-    return f"{n / MB:.1f} MB"
-
 
 # A rank whose memory falls this far below what it held once imported has given memory back that
 # it did not allocate (pages it shares with the fork server, returned with madvise, say): every
@@ -67,20 +64,23 @@ def judged(run, again: Callable[[], object], finding: Callable[[object], str],
     FSDP at 2 ranks, 1.8 MB above its usual at every pause, cause not found); that run is judged
     whole, its training compared with the reference as the first's, so a submission gains nothing
     by knowing which run matters. Where its ranks' own tensors meet the requirement, the reading
-    and they disagree: held for review with both. A reading within its bound is held for review
-    when another witness disagrees: the rank's own tensors, a memory that fell below what it held
-    once imported, tensors its modules made at import, or a source that reaches for what can
-    make a reading lie."""
+    and they disagree: held for review with both; a finding that is a hold already (near its
+    bound, or the charge and its parts disagreeing: ``crossed``) stands as the second run made
+    it. A reading within its bound is held for review when another witness disagrees: the
+    rank's own tensors, a memory that fell below what it held once imported, tensors its modules
+    made at import, shared memory it maps, or a source that reaches for what can make a reading
+    lie."""
     first = finding(run)
     if first:
         rerun = again()
         second, said = finding(rerun), inside(rerun)
-        if second and said == "":
+        if second and said == "" and not review.is_held(second):
             return [rerun.mismatch, review.held("the reading from outside and the rank's own tensors disagree",
                                                 f"outside: {second}", f"inside: {inside_summary(rerun.reports)}",
                                                 review.witnessed(rerun.reports))]
         return [second, rerun.mismatch]
-    witnesses = [inside(run), shrank(run.reports), imported(run.reports), review.witnessed(run.reports)]
+    witnesses = [inside(run), shrank(run.reports), imported(run.reports), shared(run.reports),
+                 review.witnessed(run.reports)]
     if any(witnesses):
         return [review.held("the reading from outside is within its bound, but another witness disagrees",
                             f"outside: {outside_summary(run.reports)}", *witnesses)]
@@ -153,11 +153,12 @@ def inside_weights(reports: list[dict], weights: dict[str, int], replicated: int
     return ""
 
 
-def held(report: dict, rank: int, prefix: str) -> list[tuple[str, int]] | str:
+def held(report: dict, rank: int, prefix: str, key: str = "bytes") -> list[tuple[str, int]] | str:
     """(label, bytes held) at each pause whose label starts with ``prefix``, beyond what the rank
     held once the submission's modules were imported (its first pause for the grader's own
-    ranks, which import nothing); or the finding that a pause was not read (the rank did not
-    stop: its memory could not be read from outside)."""
+    ranks, which import nothing), by the witness ``key`` of each reading (``WITNESSES``); or the
+    finding that a pause was not read (the rank did not stop: its memory could not be read from
+    outside)."""
     readings = report.get(KEY) or []
     broken = [r["grader_error"] for r in readings if r.get("grader_error")]
     if broken:
@@ -171,9 +172,11 @@ def held(report: dict, rank: int, prefix: str) -> list[tuple[str, int]] | str:
     if (wrong := out_of_protocol([r["label"] for r in readings])) is not None:
         return (f"rank {rank} sent pause frames the suite does not make ({wrong}): its memory could not be read "
                 "(a pause is the suite's, once each, in its order)")
+    if any(key not in r for r in readings):
+        return f"rank {rank}'s readings have no '{key}'"
     base = [r for r in readings if r["label"] == BEFORE]
-    start = ([r["bytes"] for r in readings if r["label"] == IMPORTED] + [r["bytes"] for r in base])[:1]
-    found = [(r["label"], r["bytes"] - start[0]) for r in readings if r["label"].startswith(prefix)] if start else []
+    start = ([r[key] for r in readings if r["label"] == IMPORTED] + [r[key] for r in base])[:1]
+    found = [(r["label"], r[key] - start[0]) for r in readings if r["label"].startswith(prefix)] if start else []
     if len(base) != 1 or not found:
         return f"rank {rank} reported {len(readings)} pauses, not the ones the suite makes: its memory could not be read"
     return found
@@ -226,6 +229,20 @@ def shrank(reports: list[dict]) -> str:
     return ""
 
 
+def shared(reports: list[dict]) -> str:
+    """A witness from the kernel: the first rank whose processes map more than
+    ``SHRINK_ALLOWANCE`` of shared memory (``RssShmem``) once its submission was imported, with
+    the reading; "" if none does. Shared memory mapped before the baseline (a declared package's
+    arena at import: issue 57's route 3) is in the baseline, so what is later kept in it is in no
+    reading; and a shared mapping can reach beyond the rank. A correct rank maps none."""
+    for rank, report in enumerate(reports):
+        for reading in report.get(KEY) or []:
+            if reading.get("label") != BEFORE and reading.get("shmem", 0) > SHRINK_ALLOWANCE:
+                return (f"rank {rank}'s processes map {mb(reading['shmem'])} of shared memory ({reading['label']}; "
+                        "RssShmem): memory mapped before its baseline holds what no reading sees")
+    return ""
+
+
 def calibrated(fn, world_size: int, payloads: list[bytes], cache: dict = {}) -> list[dict]:  # noqa: B006
     """The grader's own ranks at a measured run's sizes and pauses (training.calibrate_*), their
     memory read as the measured ranks' is: once per world size in this grading (``cache``: this
@@ -242,14 +259,14 @@ def calibrated(fn, world_size: int, payloads: list[bytes], cache: dict = {}) -> 
     return cache[key]
 
 
-def grader_keeps(calibration: list[dict], prefix: str) -> int | str:
+def grader_keeps(calibration: list[dict], prefix: str, key: str = "bytes") -> int | str:
     """What the grader's own ranks (``calibrated``) hold at the pauses whose label starts with
     ``prefix``, beyond their first pause: the median over ranks and pauses (a buffer in flight at
     one pause moves it little), in bytes; or why it could not be read (a grader error: the check
     cannot tell)."""
     found = []
     for rank, report in enumerate(calibration):
-        steps = held(report, rank, prefix)
+        steps = held(report, rank, prefix, key)
         if isinstance(steps, str):
             return f"grader error, not the submission's: the grader's own rank could not be read ({steps})"
         found += [b for _, b in steps]
@@ -288,37 +305,48 @@ def state_finding(reports: list[dict], full_state: int, model_bytes: int, proble
     in flight at one pause is not state); "under", at least ``STATE_FLOOR`` of 1/ws (most over the steps). What
     a rank holds beyond what the grader's own training holds at the same pauses (``calibration``,
     its model and buffers; without it, the model's parameters, ``model_bytes``: gradients are
-    dropped before each pause) is its state. "" or the first rank's finding, ending with
-    ``named_for(problem)``."""
+    dropped before each pause) is its state, by each witness (``crossed``). "" or the first
+    rank's finding (a cap, or a hold for review), ending with ``named_for(problem)``."""
     ws = len(reports)
     high, low = state_bounds(full_state, ws)
-    baseline = f"the model's {mb(model_bytes)}"
-    if calibration:
-        model_bytes = grader_keeps(calibration, "after step")
-        if isinstance(model_bytes, str):
-            return f"{model_bytes} {named_for(problem)}"
-        baseline = f"the {mb(model_bytes)} the grader's own training holds there (its model; measured in this run)"
+    bound = high if side == "over" else low
+    kinds = witnesses(reports + list(calibration or []))
+    baselines: dict[str, tuple[int, str]] = {}
+    for key in kinds:
+        kept = grader_keeps(calibration, "after step", key) if calibration else model_bytes
+        if isinstance(kept, str):
+            return f"{kept} {named_for(problem)}"
+        baselines[key] = (kept, f"the {mb(kept)} the grader's own training holds there (its model; measured in this run)"
+                          if calibration else f"the model's {mb(kept)}")
     read = how_read(reports)
     for rank, report in enumerate(reports):
-        steps = held(report, rank, "after step")
-        if isinstance(steps, str):
-            return f"{steps} {named_for(problem)}"
-        state = [(label, b - model_bytes) for label, b in steps]
-        # "over" judges the least from step 2 on: AdamW's state after step 1 is a function of the
-        # first gradient alone, which a rank may keep in its place (half the bytes) and expand at
-        # step 2, bit for bit; no later state is a function of less than itself.
-        later = state[1:] or state
-        least, most = min(later, key=lambda s: s[1]), max(state, key=lambda s: s[1])
-        if side == "over" and least[1] > high:
-            return (f"rank {rank} holds {mb(least[1])} beyond {baseline} at every pause (least: "
-                    f"{least[0]}), {least[1] / full_state:.0%} of the {mb(full_state)} the unsharded optimizer keeps "
-                    f"({read}; sharded over {ws} ranks: about {mb(full_state / ws)}, at most "
-                    f"{mb(high)}): the optimizer state is not sharded {named_for(problem)}{_hint(report)}")
-        if side == "under" and most[1] < low:
-            return (f"rank {rank} holds at most {mb(most[1])} beyond {baseline} ({most[0]}; {read}) while each of {ws} ranks "
-                    f"should keep about 1/{ws} of the {mb(full_state)} of optimizer state ({mb(full_state / ws)}; at "
-                    f"least {mb(low)}): this rank was given no share of the parameters (a partition written for "
-                    f"another world size?) {named_for(problem)}{_hint(report)}")
+        judged_at = {}
+        for key in kinds:
+            steps = held(report, rank, "after step", key)
+            if isinstance(steps, str):
+                return f"{steps} {named_for(problem)}"
+            state = [(label, b - baselines[key][0]) for label, b in steps]
+            # "over" judges the least from step 2 on: AdamW's state after step 1 is a function of the
+            # first gradient alone, which a rank may keep in its place (half the bytes) and expand at
+            # step 2, bit for bit; no later state is a function of less than itself.
+            judged_at[key] = min(state[1:] or state, key=lambda s: s[1]) if side == "over" else \
+                max(state, key=lambda s: s[1])
+        verdict = crossed({k: (v, bound) for k, (_, v) in judged_at.items()}, side)
+        if not verdict:
+            continue
+        (label, value), baseline = judged_at["bytes"], baselines["bytes"][1]
+        if side == "over":
+            message = (f"rank {rank} holds {mb(value)} beyond {baseline} at every pause (least: "
+                       f"{label}), {value / full_state:.0%} of the {mb(full_state)} the unsharded optimizer keeps "
+                       f"({read}{explained(report, label)}; sharded over {ws} ranks: about {mb(full_state / ws)}, at "
+                       f"most {mb(high)}): the optimizer state is not sharded {named_for(problem)}{_hint(report)}")
+        else:
+            message = (f"rank {rank} holds at most {mb(value)} beyond {baseline} ({label}; {read}{explained(report, label)}) "
+                       f"while each of {ws} ranks should keep about 1/{ws} of the {mb(full_state)} of optimizer state "
+                       f"({mb(full_state / ws)}; at least {mb(low)}): this rank was given no share of the parameters "
+                       f"(a partition written for another world size?) {named_for(problem)}{_hint(report)}")
+        return message if verdict == CAP else not_capped(rank, {k: (v, bound) for k, (_, v) in judged_at.items()},
+                                                         side, message)
     return ""
 
 
@@ -335,30 +363,39 @@ def weights_finding(reports: list[dict], weights: dict[str, int], replicated: in
     adds ``w·(1 - 1/ws)``, and the bound lies halfway between that and a fully sharded rank
     (1/ws of every weight, the replicated parameters whole, and what the training keeps beyond
     its weights: ``TRAINING_KEEPS``, or more where the grader's own plain model keeps more,
-    ``calibration``, measured in this run). The least over the steps is judged."""
+    ``calibration``, measured in this run, by each witness). The least over the steps is judged."""
     ws = len(reports)
     total = sum(weights.values())
-    keeps = TRAINING_KEEPS
-    if calibration:
-        plain = grader_keeps(calibration, "after step")
-        if isinstance(plain, str):
-            return f"{plain} {named_for(problem)}"
-        keeps = max(keeps, plain - total - replicated)
-    expected = total / ws + replicated + keeps
-    read = how_read(reports)
     one_whole = min(weights.values()) * (1 - 1 / ws)
-    bound = expected + one_whole / 2
+    kinds = witnesses(reports + list(calibration or []))
+    keeps: dict[str, float] = {}
+    for key in kinds:
+        keeps[key] = TRAINING_KEEPS
+        if calibration:
+            plain = grader_keeps(calibration, "after step", key)
+            if isinstance(plain, str):
+                return f"{plain} {named_for(problem)}"
+            keeps[key] = max(TRAINING_KEEPS, plain - total - replicated)
+    bounds = {key: total / ws + replicated + keeps[key] + one_whole / 2 for key in kinds}
+    read = how_read(reports)
     for rank, report in enumerate(reports):
-        steps = held(report, rank, "after step")
-        if isinstance(steps, str):
-            return f"{steps} {named_for(problem)}"
-        label, least = min(steps, key=lambda s: s[1])
-        if least > bound:
-            return (f"rank {rank} holds {mb(least)} between steps (least: {label}; {read}), over "
-                    f"the {mb(bound)} allowed: 1/{ws} of each Linear and Embedding weight comes to {mb(total / ws)} "
-                    f"(+ {mb(replicated)} replicated, + {mb(keeps)} the training keeps), and any one of {', '.join(weights)} "
-                    f"({mb(min(weights.values()))} each) kept whole adds {mb(one_whole)}: weights are not sharded "
-                    f"{named_for(problem)}{_hint(report)}")
+        judged_at = {}
+        for key in kinds:
+            steps = held(report, rank, "after step", key)
+            if isinstance(steps, str):
+                return f"{steps} {named_for(problem)}"
+            judged_at[key] = min(steps, key=lambda s: s[1])
+        found = {k: (v, bounds[k]) for k, (_, v) in judged_at.items()}
+        verdict = crossed(found, "over")
+        if not verdict:
+            continue
+        (label, least), bound = judged_at["bytes"], bounds["bytes"]
+        message = (f"rank {rank} holds {mb(least)} between steps (least: {label}; {read}{explained(report, label)}), "
+                   f"over the {mb(bound)} allowed: 1/{ws} of each Linear and Embedding weight comes to {mb(total / ws)} "
+                   f"(+ {mb(replicated)} replicated, + {mb(keeps['bytes'])} the training keeps), and any one of "
+                   f"{', '.join(weights)} ({mb(min(weights.values()))} each) kept whole adds {mb(one_whole)}: weights "
+                   f"are not sharded {named_for(problem)}{_hint(report)}")
+        return message if verdict == CAP else not_capped(rank, found, "over", message)
     return ""
 
 
@@ -372,24 +409,33 @@ def freed_finding(reports: list[dict], weights: dict[str, int], activations: int
     activations saved for backward, and at most one gathered weight in flight (a prefetch): the
     handout's "free the gathered weights after use"; a second gathered weight kept means backward
     does not gather again. The bound lies halfway between one and two weights kept; the least
-    over steps 2 on is judged (step 1 may make what later steps keep)."""
+    over steps 2 on is judged (step 1 may make what later steps keep), by each witness."""
     one = max(weights.values())
+    bound = 1.5 * one
+    kinds = witnesses(reports)
     for rank, report in enumerate(reports):
-        between, after = held(report, rank, "between forward"), held(report, rank, "after step")
-        for found in (between, after):
-            if isinstance(found, str):
-                return f"{found} {named_for(problem)}"
-        if len(between) < 2 or len(after) < len(between) - 1:
-            return f"rank {rank} reported {len(between)} pauses between forward and backward: too few to judge {named_for(problem)}"
-        more = [(label, b - a) for (label, b), (_, a) in zip(between[1:], after)]
-        label, added = min(more, key=lambda s: s[1])
+        judged_at = {}
+        for key in kinds:
+            between, after = held(report, rank, "between forward", key), held(report, rank, "after step", key)
+            for found in (between, after):
+                if isinstance(found, str):
+                    return f"{found} {named_for(problem)}"
+            if len(between) < 2 or len(after) < len(between) - 1:
+                return (f"rank {rank} reported {len(between)} pauses between forward and backward: too few to judge "
+                        f"{named_for(problem)}")
+            more = [(label, b - a) for (label, b), (_, a) in zip(between[1:], after)]
+            judged_at[key] = min(more, key=lambda s: s[1])
+        found = {k: (v - activations, bound) for k, (_, v) in judged_at.items()}
+        verdict = crossed(found, "over")
+        if not verdict:
+            continue
+        (label, added) = judged_at["bytes"]
         extra = added - activations
-        least = added
-        if extra > 1.5 * one:
-            return (f"{FREED_HANDOUT}: rank {rank} holds {mb(least)} more between forward and backward ({label}) than "
-                    f"after the step before; the activations saved for backward are about {mb(activations)}, so "
-                    f"{mb(extra)} is kept, about {extra / one:.1f} gathered weights of {mb(one)} (at most one in flight "
-                    f"allowed, bound {mb(1.5 * one)}){_hint(report)}")
+        message = (f"{FREED_HANDOUT}: rank {rank} holds {mb(added)} more between forward and backward ({label}) than "
+                   f"after the step before; the activations saved for backward are about {mb(activations)}, so "
+                   f"{mb(extra)} is kept, about {extra / one:.1f} gathered weights of {mb(one)} (at most one in flight "
+                   f"allowed, bound {mb(bound)}){_hint(report)}")
+        return message if verdict == CAP else not_capped(rank, found, "over", message)
     return ""
 
 

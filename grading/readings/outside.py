@@ -15,9 +15,16 @@ while the rank is stopped. The protocol, one pause:
   stopped, and sends SIGCONT.
 
 Where the grader could give the rank a memory cgroup of its own (rank_cgroups.py), the reading
-that counts (``bytes``) is that cgroup's charge instead, which also holds what no process's
-resident set shows (a file in a tmpfs or on disk, a pipe's buffer, a helper that left the rank's
-tree); the resident memory stays beside it (``resident``), and ``source`` says which was read.
+that counts (``bytes``) is that cgroup's total charge instead, which also holds what no process's
+resident set shows (a file in a tmpfs or on disk, a pipe's buffer, a page a pipe keeps after its
+file was truncated, a helper that left the rank's tree); its parts (``parts``, a second witness,
+and each of anonymous, file, kernel and socket memory) and the resident memory stay beside it
+(``resident``; its shared part, ``shmem``, a witness of its own: memory.shared), and ``source``
+says which was read. Where no cgroup can be made, ``bytes`` is
+what every process of the rank's tree holds (``resident_bytes``): the sum over the rank and each
+process descended from it of its resident anonymous and shared memory (``RssAnon + RssShmem``:
+a page it shares with another process counted in each), plus, where the ranks' storage is on
+disk, the files the ranks' uid holds there (``stored_on_disk``).
 
 A rank that does not stop within ``STOP_WAIT_S`` (its ``os.kill`` patched, say) is recorded
 without a reading, and a check that needs one fails. The readings reach the checks as the
@@ -182,11 +189,12 @@ def read_stopped(pid: int, label: str, cgroup_read=None) -> dict:
             if charged is None:
                 reading["grader_error"] = "the grader cannot read the rank's memory cgroup"
             elif _state(pid) == "T":  # no one woke it while it was read
-                reading.update(charged, resident=memory["bytes"])
+                reading.update(charged, resident=memory["bytes"], shmem=memory["shmem"])
         elif _state(pid) == "T":  # no one woke it while it was read
             reading.update(memory, source="resident")
         if "bytes" in reading and (on_disk := stored_on_disk()) is not None:
-            reading.update(bytes=reading["bytes"] + on_disk, disk=on_disk)
+            reading.update(bytes=reading["bytes"] + on_disk, disk=on_disk,
+                           **({"parts": reading["parts"] + on_disk} if "parts" in reading else {}))
         elif "bytes" in reading and os.environ.get(sandbox.DISK_ENV):
             reading = {"label": label, "at": reading["at"],
                        "grader_error": "the files the ranks' uid holds are too many to read at a pause"}

@@ -77,10 +77,12 @@ def inside(root: object, name: str, exclude: set[int]) -> dict:
 
 
 def submission_modules() -> dict[str, dict]:
-    """The submission's own imported modules (their files under its folders): name -> globals."""
+    """The submission's own imported modules (their files under its folders, or in the packages
+    installed for it, which each rank imports itself: grading/isolation/preload.py): name -> globals."""
     from grading.isolation.ranks import submission_roots
 
-    roots = [os.path.realpath(r) + os.sep for r in submission_roots()]
+    layer = os.environ.get("GRADING_SUBMISSION_PACKAGES")
+    roots = [os.path.realpath(r) + os.sep for r in [*submission_roots(), *([layer] if layer else [])]]
     return {name: vars(module) for name, module in list(sys.modules.items())
             if isinstance(getattr(module, "__file__", None), str)
             and any(os.path.realpath(module.__file__).startswith(r) for r in roots)}
