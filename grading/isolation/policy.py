@@ -155,8 +155,9 @@ GUARANTEES: tuple[Guarantee, ...] = (
     Guarantee("the group's rendezvous: rank 0's TCP store on the loopback, no shared folder",
               ("yes", "yes", "yes", "yes"),
               "every grading (`ranks._rank_main`); `…[storage]` finds no other writable place"),
-    Guarantee("memory read from the rank's own cgroup: every process and task in it, files, kernel and socket "
-              "buffers, and its anonymous charge beside them",
+    Guarantee("memory read as what the kernel charges the rank's own cgroup (every process and task in it), less "
+              "its charge once imported; the parts (anonymous, files, kernel, sockets) explain a finding, a second "
+              "witness beside it",
               ("yes", "only where `/sys/fs/cgroup` is writable; else `/proc` of the rank's processes, read from any "
                "of their threads", "with a delegated cgroup v2", "no"),
               "`test_grading_rank_cgroups.py`, `…[helper]`, "

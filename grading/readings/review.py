@@ -2,8 +2,8 @@
 
 A check that reads a rank from outside (its memory, its loopback bytes) has more than one
 witness: the reading itself; the rank's own tensors, counted inside it; whether the rank's memory
-fell below what it held once imported; its cgroup's anonymous charge beside its processes'
-resident memory; the tensors its modules hold once imported; and what the submission's own code
+fell below what it held once imported; the kernel's whole charge of its cgroup beside the sum
+of its parts (bounds.py); the tensors its modules hold once imported; and what the submission's own code
 *did* (``witness``: Python's audit hooks, which fire on C calls, memory maps, new processes and
 sockets, and code compiled from strings, and which no code can remove once added). A false cap
 hits an honest student silently, while a forgery needs deliberate work a TA recognises in the
