@@ -1,4 +1,5 @@
-"""Test-wide set-up: a free rendezvous port and one thread per rank for every test, and the grade report."""
+"""Test-wide set-up: a free rendezvous port and one thread per rank for every test, the grade report,
+and the end of this process's rank pools (tests/rank_pool.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from cs336_systems.launch import find_free_port
 from tests.grading import GradeReport
+from tests.rank_pool import close_pools
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -18,6 +20,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("grade-report"):
         config.pluginmanager.register(GradeReport(config.getoption("--grades-out")), "grade-report")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    close_pools()  # this process's rank pools (tests/rank_pool.py): their ranks leave the group together
 
 
 @pytest.fixture(autouse=True)
