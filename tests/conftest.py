@@ -1,5 +1,5 @@
 """Test-wide set-up: a free rendezvous port and one thread per rank for every test, the grade report,
-and the end of this process's rank pools (tests/rank_pool.py)."""
+the committed writeup rendered once per session, and the end of this process's rank pools (tests/rank_pool.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("grade-report"):
         config.pluginmanager.register(GradeReport(config.getoption("--grades-out")), "grade-report")
+
+
+@pytest.fixture(scope="session")
+def committed_writeup(tmp_path_factory: pytest.TempPathFactory):
+    """The committed results (writeup/results) rendered once per session, as `make writeup` renders
+    them: the folder it was written to and what render_writeup returned. Read it; never write into it."""
+    from cs336_systems.results.paths import RESULTS_ROOT
+    from cs336_systems.writeup import render_writeup
+
+    out = tmp_path_factory.mktemp("committed-writeup")
+    return out, render_writeup(RESULTS_ROOT, out)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
