@@ -36,7 +36,7 @@ from cs336_systems import cli  # noqa: E402
 
 PROFILE_DIR_ENV = "CS336_TEST_PROFILE_DIR"  # tests/cost_profile.py reads it
 # A test's kind: the first of these costs it paid (a grading spawns ranks too; a spawn may render).
-KINDS = (("grading", lambda r: r.get("gradings", 0) > 0),
+KINDS = (("grading", lambda r: r.get("gradings", 0) + r.get("folder_gradings", 0) > 0),
          ("ranks spawned", lambda r: r.get("processes", 0) > 0),
          ("subprocess", lambda r: r.get("subprocesses", 0) > 0),
          ("render", lambda r: r.get("renders", 0) > 0),
@@ -53,7 +53,8 @@ def totals(records: list[dict]) -> list[str]:
     def total(key: str) -> float:
         return sum(r.get(key, 0) for r in records)
     return [str(len(records)), f"{total('wall_s'):.0f}", f"{total('cpu_s'):.0f}", f"{total('children_cpu_s'):.0f}",
-            f"{total('processes'):.0f}", f"{total('subprocesses'):.0f}", f"{total('gradings'):.0f}",
+            f"{total('processes'):.0f}", f"{total('subprocesses'):.0f}",
+            f"{total('gradings'):.0f}" + (f" + {total('folder_gradings'):.0f} folders" if total('folder_gradings') else ""),
             f"{total('renders'):.0f}", f"{total('sleep_s'):.1f}"]
 
 

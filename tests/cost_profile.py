@@ -6,7 +6,9 @@ the CPU time of the test's own process and of its children (ranks, subprocesses,
 what the test paid for, counted by wrapping the calls that pay for it:
 * ``processes``: processes started with multiprocessing (``mp.spawn``, ``launch``: one per rank);
 * ``subprocesses``: ``subprocess.Popen`` (scripts, a grader's pytest, probes);
-* ``gradings`` and ``grading_s``: calls of ``grading.harness.grade`` and their wall time;
+* ``gradings``, ``folder_gradings`` and ``grading_s``: calls of ``grading.harness.grade`` (one
+  submission; the first of a process grades the grader's probe too) and of ``grade_folder`` (a folder,
+  each submission graded in a child), and their wall time;
 * ``renders`` and ``render_s``: calls of ``render_writeup`` and their wall time;
 * ``sleep_s``: seconds slept in ``time.sleep`` by the test's own process.
 A session- or module-scoped fixture's cost lands on the first test that asks for it, which is
@@ -63,6 +65,8 @@ def _install_counters() -> None:
 
     import grading.harness as harness
     harness.grade = _counting(harness.grade, "gradings", "grading_s")
+    import grading.course.course as course
+    course.grade_folder = _counting(course.grade_folder, "folder_gradings", "grading_s")
     import cs336_systems.writeup as writeup
     import cs336_systems.writeup.render as render
     counted = _counting(render.render_writeup, "renders", "render_s")
