@@ -1,5 +1,6 @@
 """Test-wide set-up: a free rendezvous port and one thread per rank for every test, the grade report,
-the committed writeup rendered once per session, and the end of this process's rank pools (tests/rank_pool.py)."""
+the committed writeup rendered once per session, the session's gradings of fixtures
+(tests/grading_session.py), and the end of this process's rank pools (tests/rank_pool.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 import pytest
 
 from cs336_systems.launch import find_free_port
+from tests import grading_session
 from tests.grading import GradeReport
 from tests.rank_pool import close_pools
 
@@ -18,8 +20,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{grading_session.MARKER}(name): reads this session fixture's grading "
+                                       "(tests/grading_session.py)")
     if not config.pluginmanager.has_plugin("grade-report"):
         config.pluginmanager.register(GradeReport(config.getoption("--grades-out")), "grade-report")
+
+
+_GRADED_FIXTURES = pytest.StashKey[set]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[_GRADED_FIXTURES] = grading_session.wanted_fixtures(items)
+
+
+@pytest.fixture(scope="session")
+def session_gradings(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> grading_session.SessionGradings:
+    """The session's folder passes of graded fixtures: each test takes its own submission's result."""
+    return grading_session.SessionGradings(tmp_path_factory.mktemp("session-gradings"),
+                                           pytestconfig.stash.get(_GRADED_FIXTURES, set()))
 
 
 @pytest.fixture(scope="session")
