@@ -24,7 +24,7 @@ from typing import Callable
 
 import pytest
 
-from grading.course.course import grade_folder
+from grading.course import course
 from grading.harness import Graded, Limits
 
 XDIST_GROUP = "session-gradings"
@@ -103,7 +103,7 @@ class SessionGradings:
             built = FIXTURES[name].build(folder / "build" / name)
             built.rename(inbox / name)
         s = settings
-        graded = grade_folder(inbox, out, s.repeats, s.edition, s.limits, jobs=1, only=s.only, select=s.select,
+        graded = course.grade_folder(inbox, out, s.repeats, s.edition, s.limits, jobs=1, only=s.only, select=s.select,
                               quiet=True)
         by_name = {g.name: g for g in graded}
         for name in names:
