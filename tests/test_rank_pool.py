@@ -57,23 +57,24 @@ def kill_rank_1(ctx: RankContext) -> None:
     dist.barrier()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def pool():
+    """One pool for the module's 2-rank tests: each failure staged here costs it one respawn."""
     pool = RankPool(2, backend="gloo", device_type="cpu", timeout_s=60)
     yield pool
     pool.close()
 
 
 def test_many_cases_run_in_one_spawn_and_one_group(pool: RankPool):
-    """Twenty cases, one spawn: the same two processes answer every case, each case's collective is right."""
-    pids = None
-    for case in range(20):
+    """Twenty cases, no spawn between them: the same two processes answer every case, each case's collective is right."""
+    first = pool.run(summed_rank, (0.0,))
+    spawns, pids, calls = pool.spawns, [r["pid"] for r in first], first[0]["calls"]
+    for case in range(1, 20):
         results = pool.run(summed_rank, (float(case),))
         check_sums(results, 2, float(case))
-        assert [r["calls"] for r in results] == [case + 1] * 2
-        pids = pids or [r["pid"] for r in results]
+        assert [r["calls"] for r in results] == [calls + case] * 2
         assert [r["pid"] for r in results] == pids == pool.pids
-    assert pool.spawns == 1
+    assert pool.spawns == spawns
 
 
 @pytest.mark.parametrize("fn,error,words", [
@@ -83,6 +84,7 @@ def test_many_cases_run_in_one_spawn_and_one_group(pool: RankPool):
 ], ids=["raises", "killed", "hangs"])
 def test_a_failing_case_ends_alone_with_its_message_and_the_next_case_runs(pool, fn, error, words):
     before = pool.run(summed_rank, (0.5,))
+    spawns, processes = pool.spawns, list(pool.processes)
     start = time.monotonic()
     with pytest.raises(error) as failure:
         pool.run(fn, deadline_s=15)
@@ -91,24 +93,21 @@ def test_a_failing_case_ends_alone_with_its_message_and_the_next_case_runs(pool,
     assert time.monotonic() - start < 15 + 10
     for word in words:
         assert word in str(failure.value), str(failure.value)
+    assert not any(p.is_alive() for p in processes)  # every rank of the failed case was stopped
     after = pool.run(summed_rank, (1.5,))
     check_sums(after, 2, 1.5)
-    assert pool.spawns == 2
+    assert pool.spawns == spawns + 1
     assert {r["pid"] for r in after}.isdisjoint(r["pid"] for r in before)
     assert [r["calls"] for r in after] == [1, 1]  # fresh processes: no state of the failed case
 
 
-def test_ranks_are_gone_after_a_failure_and_after_close():
-    pool = RankPool(2, backend="gloo", device_type="cpu", timeout_s=60)
-    pool.run(summed_rank, (0.0,))
-    processes = list(pool.processes)
-    with pytest.raises(RankFailedError):
-        pool.run(raise_on_rank_1, deadline_s=15)
-    assert not any(p.is_alive() for p in processes)
+def test_ranks_leave_the_group_together_at_close(pool):
     pool.run(summed_rank, (0.0,))
     processes = list(pool.processes)
     pool.close()
     assert [p.exitcode for p in processes] == [0, 0]  # left the group together, exited cleanly
+    assert pool.processes == []
+    check_sums(pool.run(summed_rank, (3.0,)), 2, 3.0)  # a closed pool spawns again when asked
 
 
 def test_three_ranks_and_the_world_size_checked_before_any_spawn():
