@@ -86,8 +86,8 @@ def breakdown(records: list[dict], run: dict) -> str:
              "", "| | |", "|---|---|"]
     lines += [f"| {key} | {value} |" for key, value in run["facts"].items()]
     lines += ["", "Wall seconds are summed over the workers (so above pytest's own time); CPU seconds are the test "
-              "processes' own and those of the ranks and subprocesses they reaped (a forked grandchild that its "
-              "parent reaped counts; a daemon nobody waited for does not). A session or module fixture's cost "
+              "processes' own and their children's: ranks and subprocesses reaped, and those still running, as a rank "
+              "pool's ranks (a grandchild its parent reaped counts; a daemon nobody waited for does not). A session or module fixture's cost "
               "lands on the first test that uses it. A test's kind is the first fixed cost it paid, in the order "
               "of the table.", "", "## By kind", ""]
     lines += table(kinds, "kind")
