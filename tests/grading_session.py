@@ -10,7 +10,12 @@ one self-check, then each submission contained as when graded alone); each test 
 own submission's :class:`Graded`, ``results.json`` and ``grade.md`` under ``OUT/<name>/``.
 
 The grader grades a folder with one set of settings (edition, problems, ``-k`` selection, limits,
-repeats), so fixtures are graded in one pass per distinct setting. Every test that reads a session
+repeats), so fixtures are graded in one pass per distinct setting. What a pass saves is the grader's
+to decide: today each submission of a folder is graded in a child of its own (its intake, the suite's
+pytest and fork server), one at a time here (``jobs=1``: the other xdist worker has the second core,
+and the suite's per-test deadlines must not race a third process), so a pass costs what its gradings
+did one by one (the self-check runs once per process either way); one fork server and one pytest for a whole folder would make it
+one pass in fact. Every test that reads a session
 grading carries ``xdist_group("session-gradings")``: one worker holds the folder, graded once per
 session rather than once per worker.
 """
