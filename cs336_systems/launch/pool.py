@@ -8,7 +8,8 @@ process group, and then runs ``fn(ctx, *args)`` on every rank as often as it is 
 A case that fails ends that case alone, with its message, and the pool starts afresh for the next:
 * a rank raises: :class:`RankFailedError` with the first failing rank's traceback (its peers,
   likely stuck in a collective that rank never joined, are given a moment to report too);
-* a rank dies (a signal, ``os._exit``): :class:`RankFailedError` naming the rank and how it died;
+* a rank dies (a signal, ``os._exit``): :class:`RankFailedError` naming the rank and how it died,
+  before its peers' errors, which follow from it;
 * the case outlives its deadline: :class:`TimeoutError` naming the ranks that had not finished.
 In each case every rank is stopped: a group that lost a rank, or whose ranks disagree on which
 collective comes next, cannot be trusted with another case; the next :meth:`RankPool.run`
@@ -169,7 +170,8 @@ class RankPool:
     def _collect(self, expected: str, deadline: float, what: str) -> dict[int, Any]:
         """Every rank's reply of kind ``expected``; on any failure stop all ranks and raise."""
         replies: dict[int, Any] = {}
-        failures: list[tuple[float, int, str]] = []  # (when, by the clock the ranks stamp with), rank, report
+        # (0 for a rank that died, 1 for one that raised; when, by the ranks' clock; rank; report)
+        failures: list[tuple[int, float, int, str]] = []
         pending = set(range(self.world_size))
         first_failure_at: float | None = None
         try:
@@ -193,7 +195,7 @@ class RankPool:
                             kind, payload = pickle.loads(conn.recv_bytes())
                         except (EOFError, OSError):  # it died: its exit status says how
                             self.processes[rank].join(1)
-                            failures.append((time.time(), rank, f"rank{rank} {_describe_exit(self.processes[rank].exitcode)} "
+                            failures.append((0, time.time(), rank, f"rank{rank} {_describe_exit(self.processes[rank].exitcode)} "
                                                                    f"while {what}"))
                             pending.discard(rank)
                             continue
@@ -202,7 +204,7 @@ class RankPool:
                             replies[rank] = payload
                         else:
                             stamp, _, text = payload.partition("\n")
-                            failures.append((float(stamp), rank, f"rank{rank} raised while {what}:\n{text}"))
+                            failures.append((1, float(stamp), rank, f"rank{rank} raised while {what}:\n{text}"))
         except Interrupted as e:
             stopped = len([p for p in self.processes if p.is_alive()])
             self._stop()
@@ -211,9 +213,11 @@ class RankPool:
             return replies
         self._stop()
         if failures:
+            # A rank that died comes first: its peers' errors ("connection closed by peer") follow
+            # from it, yet are stamped before this process sees it gone. Then by the ranks' stamps.
             failures.sort()
-            others = ", ".join(f"rank{rank}" for _, rank, _ in failures[1:]) or "none"
+            others = ", ".join(f"rank{rank}" for _, _, rank, _ in failures[1:]) or "none"
             stuck = f"; still running: {', '.join(f'rank{r}' for r in sorted(pending))}" if pending else ""
-            raise RankFailedError(f"{failures[0][2]}\n(then failed: {others}{stuck}; the pool's ranks were stopped)")
+            raise RankFailedError(f"{failures[0][3]}\n(then failed: {others}{stuck}; the pool's ranks were stopped)")
         raise TimeoutError(f"{', '.join(f'rank{r}' for r in sorted(pending))} of {self.world_size} ranks had not finished "
                            f"{what} by its deadline; the pool's ranks were stopped")
