@@ -16,7 +16,7 @@ endif
 unexport PYTHONDONTWRITEBYTECODE
 
 .DEFAULT_GOAL := help
-.PHONY: help env test grade autograder footprint bench bench-quick bench-retake bench-gpu writeup doctor
+.PHONY: help env test test-profile grade autograder footprint bench bench-quick bench-retake bench-gpu writeup doctor
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | expand -t 16
@@ -33,6 +33,9 @@ endif
 
 test: env ## run every correctness test in parallel, print the grade table and write it to writeup/results
 	$(PY) -m pytest -n auto --dist loadgroup --grades-out auto
+
+test-profile: env ## make test's run with what each file and kind of test costs (spawns, gradings, renders, sleeps): tests/PROFILE.md
+	$(PY) scripts/test_profile.py
 
 # make grade SUBMISSION=<checkout or .zip> [OUT=dir] [REPEATS=3] [EDITION=2025|2026] [ONLY=problem]
 # make grade SUBMISSIONS=<folder of checkouts and zips> [OUT=dir] [JOBS=n] [EXECUTOR=inprocess|local|slurm]

@@ -1,4 +1,6 @@
-"""Test-wide set-up: a free rendezvous port and one thread per rank for every test, and the grade report."""
+"""Test-wide set-up: a free rendezvous port and one thread per rank for every test, the grade report,
+the committed writeup rendered once per session, the session's gradings of fixtures
+(tests/grading_session.py), and the end of this process's rank pools (tests/rank_pool.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import sys
 import pytest
 
 from cs336_systems.launch import find_free_port
+from tests import grading_session
 from tests.grading import GradeReport
+from tests.rank_pool import close_pools
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -16,8 +20,39 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{grading_session.MARKER}(name): reads this session fixture's grading "
+                                       "(tests/grading_session.py)")
     if not config.pluginmanager.has_plugin("grade-report"):
         config.pluginmanager.register(GradeReport(config.getoption("--grades-out")), "grade-report")
+
+
+_GRADED_FIXTURES = pytest.StashKey[set]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    config.stash[_GRADED_FIXTURES] = grading_session.wanted_fixtures(items)
+
+
+@pytest.fixture(scope="session")
+def session_gradings(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> grading_session.SessionGradings:
+    """The session's folder passes of graded fixtures: each test takes its own submission's result."""
+    return grading_session.SessionGradings(tmp_path_factory.mktemp("session-gradings"),
+                                           pytestconfig.stash.get(_GRADED_FIXTURES, set()))
+
+
+@pytest.fixture(scope="session")
+def committed_writeup(tmp_path_factory: pytest.TempPathFactory):
+    """The committed results (writeup/results) rendered once per session, as `make writeup` renders
+    them: the folder it was written to and what render_writeup returned. Read it; never write into it."""
+    from cs336_systems.results.paths import RESULTS_ROOT
+    from cs336_systems.writeup import render_writeup
+
+    out = tmp_path_factory.mktemp("committed-writeup")
+    return out, render_writeup(RESULTS_ROOT, out)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    close_pools()  # this process's rank pools (tests/rank_pool.py): their ranks leave the group together
 
 
 @pytest.fixture(autouse=True)

@@ -38,10 +38,11 @@ from cs336_systems.bench.allreduce import (
     summarize_times,
 )
 from cs336_systems.bench.allreduce.setting import DEFAULT_MEMORY_FRACTION
-from cs336_systems.launch import Interrupted, RankContext, launch
+from cs336_systems.launch import Interrupted, RankContext
 from cs336_systems.results.environment import collect_environment, machine_tag
 from cs336_systems.results.files import ResultsFile, read_results, write_results
 from cs336_systems.units import MB
+from tests.rank_pool import on_pool
 from tests.scripts_runner import run_script
 
 pytestmark = pytest.mark.problem("distributed_communication_single_node")
@@ -80,7 +81,7 @@ def _benchmark_then_plain_loop(ctx: RankContext, points: list[GridPoint]) -> tup
 def test_small_run_is_correct_consistent_and_matches_a_plain_loop():
     """Shape and sanity of a 2-rank gloo run's records, and its times against a plain loop's."""
     points = [GridPoint("gloo", "cpu", 2, size, warmup_iters=2, timed_iters=10) for size in (SMALL, LARGE)]
-    results = launch(_benchmark_then_plain_loop, 2, args=(points,), backend="gloo", device_type="cpu")
+    results = on_pool(_benchmark_then_plain_loop, 2, args=(points,))  # gloo ranks on CPU
     records, _ = results[0]
     assert [r.payload_bytes for r in records] == [SMALL, LARGE]
     for r in records:

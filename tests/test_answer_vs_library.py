@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.launch import launch
 from tests.answer_vs_library import DDP_ROWS, FSDP_ROWS, IMPLS, run_rows
+from tests.rank_pool import on_pool
 
 pytestmark = [pytest.mark.problem("beyond"), pytest.mark.xdist_group("answer_vs_library"), pytest.mark.timeout(600)]
 
@@ -31,7 +31,7 @@ WORLD_SIZE = {row.__name__: 2 for row in DDP_ROWS} | {row.__name__: 3 for row in
 def findings(world_size: int) -> dict[str, dict[str, str]]:
     """Every row of that world size on both implementations; every rank must agree."""
     rows = DDP_ROWS if world_size == 2 else FSDP_ROWS
-    per_rank = launch(run_rows, world_size, args=(rows,), timeout_s=300)
+    per_rank = on_pool(run_rows, world_size, args=(rows,), timeout_s=300)
     assert all(r == per_rank[0] for r in per_rank), f"ranks disagree: {per_rank}"
     return per_rank[0]
 

@@ -169,9 +169,9 @@ def test_the_fsdp_answer_gathers_for_forward_and_again_for_backward_and_keeps_on
     the 3 Linears again in backward (their input gradients need the weight; the Embedding's does
     not), so no full weight is kept from forward to backward; between steps each rank holds its
     half of every Linear/Embedding weight, with a float32 gradient of the same shape."""
-    from cs336_systems.launch import launch
+    from tests.rank_pool import on_pool
 
-    for rank, seen in enumerate(launch(_fsdp_collectives, 2)):
+    for rank, seen in enumerate(on_pool(_fsdp_collectives, 2)):
         assert (seen["forward"], seen["backward"]) == (4, 3), f"rank {rank}: {seen}"
         assert seen["weights_left"] == [], f"rank {rank}: gathered weights still attached to {seen['weights_left']}"
         assert seen["shards"]["embedding.weight"] == ((6, 6), (6, 6), "torch.float32")

@@ -25,10 +25,11 @@ from cs336_systems.ddp.auto_bucket import (
     agree_on_cap,
     candidate_caps,
 )
-from cs336_systems.launch import RankContext, launch
+from cs336_systems.launch import RankContext
 from cs336_basics.model import TransformerLM, model_config
 from tests.ddp_cases import Case, run_ddp_cases, run_single_process
 from tests.host_waits import HostWaitCounter
+from tests.rank_pool import on_pool
 from tests.test_ddp_host_waits import WORLD_SIZE, _lm_step, fake_group  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.problem("beyond")
@@ -117,7 +118,7 @@ def _agree_and_train(ctx: RankContext) -> dict:
 
 @pytest.fixture(scope="module")
 def two_ranks() -> list[dict]:
-    return launch(_agree_and_train, 2, timeout_s=120)
+    return on_pool(_agree_and_train, 2, timeout_s=120)
 
 
 @pytest.mark.timeout(300)

@@ -18,8 +18,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from cs336_systems.ddp import VARIANTS
-from cs336_systems.launch import RankContext, launch
+from cs336_systems.launch import RankContext
 from tests.common import SmallCNN
+from tests.rank_pool import on_pool
 
 pytestmark = pytest.mark.problem("beyond")
 WORLD_SIZE = 2
@@ -83,7 +84,7 @@ def _compare_with_torch(ctx: RankContext, broadcast_buffers: bool) -> dict[str, 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("broadcast_buffers", [True, False], ids=["broadcast", "local"])
 def test_running_statistics_match_torch_ddp_on_every_rank(broadcast_buffers):
-    per_rank = launch(_compare_with_torch, WORLD_SIZE, args=(broadcast_buffers,))
+    per_rank = on_pool(_compare_with_torch, WORLD_SIZE, args=(broadcast_buffers,))
     for rank, worst in enumerate(per_rank):
         assert worst == pytest.approx({name: 0.0 for name in VARIANTS}, abs=1e-6), f"rank {rank}"
 
@@ -102,4 +103,4 @@ def _broadcast_is_needed(ctx: RankContext) -> float:
 
 @pytest.mark.timeout(300)
 def test_without_the_broadcast_ranks_drift_apart():
-    assert launch(_broadcast_is_needed, WORLD_SIZE)[0] > 1e-3
+    assert on_pool(_broadcast_is_needed, WORLD_SIZE)[0] > 1e-3

@@ -1,7 +1,8 @@
 """Every DDP variant trains exactly like single-process training on the whole batch.
 
 For world sizes 2 and 3, each case (variant x model x optimizer x bucket size x accumulation)
-runs in one spawned process group per world size; the reference runs in this process with no
+runs on this worker's pool of ranks of that size (tests/rank_pool.py), all cases in one run; the
+reference runs in this process with no
 ``torch.distributed`` at all. At every step each rank's parameters must match the reference,
 and all ranks must be bitwise identical to each other (they apply the same averaged gradient).
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cs336_systems.launch import launch
+from tests.rank_pool import on_pool
 from tests.ddp_cases import Case, run_ddp_cases, run_single_process
 
 VARIANT_PROBLEM = {
@@ -64,9 +65,9 @@ _results: dict[int, dict] = {}
 
 
 def ddp_results(world_size: int) -> dict:
-    """All cases of one world size, run once per test process (one spawn, many cases)."""
+    """All cases of one world size, run once per test process on its pool (many cases, one run)."""
     if world_size not in _results:
-        per_rank = launch(run_ddp_cases, world_size, args=(CASES,), timeout_s=120)
+        per_rank = on_pool(run_ddp_cases, world_size, args=(CASES,), timeout_s=120)
         _results[world_size] = per_rank
     return _results[world_size]
 
@@ -175,7 +176,7 @@ def test_wrappers_sharing_one_module_do_not_see_each_others_steps(set_to_none: b
     case = Case("shared", "bucketed", "edge", "adamw", BUCKET_SIZES["few"], steps=2 * len(SHARED_MODULE_WRAPPERS),
                 set_to_none=set_to_none)
     reference = run_single_process(case)
-    for history in launch(run_wrappers_sharing_one_module, 2, args=(case,), timeout_s=120):
+    for history in on_pool(run_wrappers_sharing_one_module, 2, args=(case,), timeout_s=120):
         for step, (got, want) in enumerate(zip(history, reference)):
             for name in want:
                 assert torch.allclose(got[name], want[name], atol=case.atol, rtol=1e-4), (step, name)

@@ -10,6 +10,7 @@ import pytest
 
 from cs336_systems.launch import launch
 from cs336_systems.launch.spawn import RankFailedError
+from tests.rank_pool import on_pool
 from tests.doctor_job_cases import (DIVERGES, FSDP2_DIVERGES, FSDP2_HEALTHY, HEALTHY, LIGHTNING_JOBS, NO_SAMPLER,
                                     PLAIN_JOBS, REPORT_TIMEOUT_S, SKIPS_STEPS, SLOW_LOADER, STRAGGLER,
                                     UNEVEN_SAMPLES, run_doctor_jobs, skips_iteration_job)
@@ -37,7 +38,7 @@ _runs: dict[str, list[dict]] = {}
 
 def _findings() -> list[dict[str, list[str]]]:
     if "ranks" not in _runs:
-        _runs["ranks"] = launch(run_doctor_jobs, 2, timeout_s=120)
+        _runs["ranks"] = on_pool(run_doctor_jobs, 2, timeout_s=120)
     return _runs["ranks"]
 
 

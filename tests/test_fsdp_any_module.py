@@ -25,8 +25,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cs336_systems.launch import launch
 from tests.fsdp_module_cases import CASES, ModuleCase, run_module_cases, sides, train_single
+from tests.rank_pool import on_pool
 
 pytestmark = [pytest.mark.problem("fsdp"), pytest.mark.timeout(300)]
 
@@ -39,7 +39,7 @@ _results: dict[int, list[dict]] = {}
 
 def results(world_size: int) -> list[dict]:
     if world_size not in _results:
-        _results[world_size] = launch(run_module_cases, world_size, timeout_s=240)
+        _results[world_size] = on_pool(run_module_cases, world_size, timeout_s=240)
     return _results[world_size]
 
 

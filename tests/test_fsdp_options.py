@@ -33,6 +33,7 @@ import torch
 from cs336_systems.bench.fsdp.options import SPECS
 from cs336_systems.fsdp import FullyShardedDataParallel
 from cs336_systems.launch import launch
+from tests.rank_pool import POOLED_WORLD_SIZES, on_pool
 from tests.fsdp_options_cases import BATCH, DEPTH, build_model, run_option_cases, train_reference
 
 # A run takes about 30 s alone here, and 5-10 times that at a load of 10-20 on 2 cores: a 300 s
@@ -61,8 +62,11 @@ def _runs_here(name: str, world_size: int) -> bool:
 def option_results(world_size: int) -> list[dict]:
     if world_size not in _results:
         names = [n for n in SPECS if _runs_here(n, world_size)]
-        _results[world_size] = launch(run_option_cases, world_size, args=(names, world_size < 4), timeout_s=240,
-                                      join_timeout_s=JOIN_S)
+        args = (names, world_size < 4)
+        # 2 and 3 ranks on the worker's pools (tests/rank_pool.py), with launch's deadline; 4 spawn
+        _results[world_size] = (on_pool(run_option_cases, world_size, args, timeout_s=JOIN_S / 3)
+                                if world_size in POOLED_WORLD_SIZES else
+                                launch(run_option_cases, world_size, args=args, timeout_s=240, join_timeout_s=JOIN_S))
     return _results[world_size]
 
 

@@ -40,6 +40,7 @@ from torch import nn
 import adapters
 from cs336_basics.model import Linear
 from cs336_systems.launch import RankContext, RankFailedError, launch
+from tests.rank_pool import on_pool
 from tests.fsdp_cases import (ADAMW_LR, BATCH, CASES, REPLICATED, SEQ, SHARDED, UNUSED, Case, run_fsdp_cases,
                                train_reference)
 
@@ -71,9 +72,9 @@ _results: dict[int, list[dict]] = {}
 
 
 def fsdp_results(world_size: int) -> list[dict]:
-    """Every case at one world size, from one spawn per test process; rank 0's result first."""
+    """Every case at one world size, from one run on this test process's pool; rank 0's result first."""
     if world_size not in _results:
-        _results[world_size] = launch(run_fsdp_cases, world_size, args=(CASES,), timeout_s=120)
+        _results[world_size] = on_pool(run_fsdp_cases, world_size, args=(CASES,), timeout_s=120)
     return _results[world_size]
 
 

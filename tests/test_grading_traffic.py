@@ -14,6 +14,7 @@ namespace of its own the FSDP test is not run, and grade.md says so.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -26,6 +27,8 @@ import pytest
 from grading.readings import carried
 from grading.isolation import student
 from grading.harness import NOT_CHECKED, grade, namespaces_available
+from tests import grading_session
+from tests.grading_session import Settings
 from tests.test_grading import BUCKETED, FSDP, PER_PARAMETER, QUICK, failures, make_submission
 
 pytestmark = pytest.mark.problem("beyond")
@@ -53,8 +56,15 @@ def test_equivalent_fsdp_keeps_every_point(tmp_path):
     assert next(r.points for r in graded.rows if r.problem == FSDP) == 15.0
 
 
+# The three mutants are graded in one pass of a folder per session (tests/grading_session.py).
+CARRIES = Settings("2026", QUICK, only=(FSDP,), select=f"{TEST} or test_compute_dtype")
+for _mutant in ("casts_after_gather", "skips_holds", "all_reduces_gradients"):
+    grading_session.fixture(f"traffic-{_mutant}", functools.partial(make_submission, mutant=_mutant), CARRIES)
+
+
 @needs_namespaces
-@pytest.mark.parametrize("mutant, lost, words", [
+@pytest.mark.parametrize("mutant, lost, words", [pytest.param(*case, marks=grading_session.graded_fixture(f"traffic-{case[0]}"))
+                                                 for case in [
     ("casts_after_gather", [f"{TEST}[2-bfloat16]"],
      'the weights were all-gathered in float32, not cast to bfloat16 before (the handout: "When compute_dtype'),
     ("skips_holds", [f"{TEST}[2-bfloat16]", f"{TEST}[2]", f"{TEST}[3]"],
@@ -62,16 +72,16 @@ def test_equivalent_fsdp_keeps_every_point(tmp_path):
     # gloo's reduce-scatter carries what its all-reduce carries (grading/readings/carried.py: SCATTER_TELLS):
     # the bytes cannot tell them apart, and this mutant keeps its points. Should gloo change, this fails.
     ("all_reduces_gradients", [], ""),
-])
-def test_fsdp_that_carries_too_much_loses_the_tests_share(tmp_path, mutant, lost, words):
-    graded = grade(make_submission(tmp_path, mutant), tmp_path / "out", 1, "2026", QUICK, quiet=True,
-                   only=(FSDP,), select=f"{TEST} or test_compute_dtype")
+]])
+def test_fsdp_that_carries_too_much_loses_the_tests_share(session_gradings, mutant, lost, words):
+    result = session_gradings.result(f"traffic-{mutant}")
+    graded = result.graded
     assert failed(graded) == lost, failures(graded, FSDP)
     lines = failures(graded, FSDP)
     assert all(words in line and "\n" not in line for line in lines), lines
     kept = sum(t.max_score for t in graded.tests if t.passed and not t.beyond)
     assert next(r.points for r in graded.rows if r.problem == FSDP) == pytest.approx(kept)
-    assert NOT_CHECKED not in (tmp_path / "out" / "grade.md").read_text()
+    assert NOT_CHECKED not in result.grade_md.read_text()
 
 
 @needs_namespaces

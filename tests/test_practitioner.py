@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from cs336_systems.launch import launch
+from tests.rank_pool import on_pool
 from tests.practitioner_cases import (DDP_SIDES, DDP_WRAPPERS, FSDP_SIDES, REFUSED_KEYWORDS, run_practitioner_sides,
                                       train_one_process)
 
@@ -31,7 +31,7 @@ _runs: dict[str, list[dict]] = {}
 
 def _ranks() -> list[dict]:
     if "ranks" not in _runs:
-        _runs["ranks"] = launch(run_practitioner_sides, 2, timeout_s=120)
+        _runs["ranks"] = on_pool(run_practitioner_sides, 2, timeout_s=120)
     return _runs["ranks"]
 
 

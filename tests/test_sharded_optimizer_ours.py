@@ -1,6 +1,6 @@
 """The sharded optimizer (ZeRO stage 1) trains exactly like the optimizer it shards.
 
-Every case of one world size runs inside one spawned process group (spawning costs seconds, a
+Every case of one world size runs in one run on the worker's pool of ranks (spawning costs seconds, a
 case milliseconds) and returns what the parent asserts. Each rank trains the sharded model and
 an unsharded reference (a deep copy under a plain ``torch.optim`` optimizer) on the same
 full batch, so the reference is computed in the same process from the same gradients.
@@ -24,9 +24,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from cs336_systems.launch import RankContext, launch
+from cs336_systems.launch import RankContext
 from cs336_systems.units import MB
 from cs336_systems.zero import ShardedOptimizer, assign_to_ranks
+from tests.rank_pool import on_pool
 from tests.ddp_cases import IN_FEATURES, OUT_FEATURES, EdgeCaseModel
 
 pytestmark = pytest.mark.problem("optimizer_state_sharding")
@@ -351,7 +352,7 @@ _results: dict[int, list[dict[str, Any]]] = {}
 def sharded_results(world_size: int) -> list[dict[str, Any]]:
     """Every rank's results for one world size, computed once per test process."""
     if world_size not in _results:
-        _results[world_size] = launch(_all_cases, world_size, timeout_s=120)
+        _results[world_size] = on_pool(_all_cases, world_size, timeout_s=120)
     return _results[world_size]
 
 

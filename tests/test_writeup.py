@@ -310,13 +310,13 @@ def test_no_table_row_appears_twice(rendered):
     assert repeated_rows([rendered["readme"], *rendered["page"].values()]) == []
 
 
-def test_the_committed_writeup_is_what_the_committed_results_render(tmp_path):
+def test_the_committed_writeup_is_what_the_committed_results_render(committed_writeup):
     """What `make writeup` would change on this machine: nothing (figures and tables carry no float noise)."""
     committed = REPO / "writeup"
-    rendered = render_writeup(RESULTS_ROOT, tmp_path)
+    out, rendered = committed_writeup
     assert repeated_rows([p.read_text() for p in [rendered.readme, *rendered.details]]) == []
-    assert links(tmp_path)[0] == []
-    fresh, kept = output_files(tmp_path), committed_outputs(committed)
+    assert links(out)[0] == []
+    fresh, kept = output_files(out), committed_outputs(committed)
     assert sorted(fresh) == sorted(kept)
     assert [name for name in sorted(fresh) if fresh[name] != kept[name]] == [], "rerun `make writeup` and commit"
 

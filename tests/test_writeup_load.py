@@ -70,7 +70,9 @@ def test_a_busy_process_outside_the_run_is_counted_and_one_inside_is_not():
         assert others.descends(loop.pid, os.getpid(), parents) and not others.descends(loop.pid, sibling.pid, parents)
         sampler = others.OthersSampler(root=sibling.pid, interval_s=0.02)
         sampler.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30  # ten readings, however long a loaded machine takes to make them
+        while len(sampler.counts) < 10 and time.monotonic() < deadline:
+            time.sleep(0.02)
         sampler.stop()
         sampler.join()  # no thread left in this test process when later tests fork
         assert sampler.mean() is not None and sampler.mean() >= 0.5  # the loop, runnable all along

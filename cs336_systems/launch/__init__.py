@@ -4,6 +4,7 @@
 * env.py      joining a process group from torchrun-style variables, and leaving it
 * spawn.py    launch(): spawn ranks here; run_ranks(): spawn, or be one rank of a launcher;
               run_setting(): a benchmark's ranks from its setting
+* pool.py     RankPool: ranks spawned once, many runs over one process group (the tests' pools)
 * signals.py  SIGTERM/SIGINT stop every rank; ranks die with their launcher
 * lifetime.py why finished gloo ranks aborted at exit; a group freed at teardown; exit_rank()
 * slurm.py    running a script as the ranks of a SLURM job (submitit)
