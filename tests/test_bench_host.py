@@ -107,7 +107,7 @@ def test_the_profile_is_refused_from_a_quarter_core_of_other_jobs(committed_fold
     from cs336_systems.bench.profile.setting import ProfileSetting
 
     env = dataclasses.replace(environment(), load=Load(before=0.2, after=1.5, cores=2, processes=2, others=0.25))
-    with pytest.raises(LoadedMachine, match="not below 0.25"):
+    with pytest.raises(LoadedMachine, match="not below the limit 0.25"):
         save_results(committed_folder / "profile" / "profile.json", ProfileRecord.KIND, ProfileSetting(),
                      [object.__new__(ProfileRecord)], env)
     assert not Load(before=0.2, after=1.5, cores=2, processes=2, others=0.25).exceeded  # other kinds: 0.5

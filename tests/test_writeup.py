@@ -333,7 +333,8 @@ def answer_words(text: str) -> int:
 
 def retaken_results(tmp: Path) -> Path:
     """The committed results as a quiet re-take leaves them: every file of the CPU machine that records
-    no load given a quiet record (other jobs' runnable threads 0.03), nothing else changed."""
+    no load, or other jobs at the profile's limit (0.25) or more, given a quiet record (other jobs'
+    runnable threads 0.03), nothing else changed."""
     import shutil
 
     root = tmp / "results"
@@ -341,7 +342,8 @@ def retaken_results(tmp: Path) -> Path:
     quiet = {"before": 0.1, "after": 1.9, "cores": 2, "processes": 2, "others": 0.03}
     for path in sorted((root / "cpu2-intel-xeon-processor").rglob("*.json")):
         data = json.loads(path.read_text())
-        if isinstance(data.get("environment"), dict) and data["environment"].get("load") is None:
+        load = data.get("environment", {}).get("load") if isinstance(data.get("environment"), dict) else {}
+        if load is None or (load or {}).get("others", 0) >= 0.25:
             data["environment"]["load"] = quiet
             path.write_text(json.dumps(data))
     return root
@@ -364,6 +366,6 @@ def test_after_a_quiet_retake_every_yes_no_question_has_its_verdict(retaken):
     found = answers(retaken)
     assert "no verdict" not in retaken.lower() and "not evidence" not in "".join(found.values())
     assert re.search(r"Matched: \*\*(yes|no)\*\*", found["ddp_bucketed_benchmarking"])
-    assert re.search(r"\*\*\(b\)\*\* \*\*(Yes|No)\*\*: .* \(95% interval ", found["fsdp_accounting"])
+    assert re.search(r"\*\*\(b\)\*\* \*\*(Yes|No|Partly)\*\*: .* \(95% interval ", found["fsdp_accounting"])
     assert re.search(r"\*\*\(a\)\*\* \*\*(Yes|No)\*\*", found["optimizer_state_sharding_accounting"])
     assert "(95% interval " in found["optimizer_state_sharding_accounting"].split("**(b)**")[1]

@@ -51,7 +51,7 @@ def test_other_jobs_decide_where_they_were_counted():
     assert not Load(before=0.4, after=2.3, cores=2, processes=2, others=0.05).exceeded
     assert Load(before=0.4, after=2.3, cores=2, processes=2).exceeded  # not counted: the load average decides
     busy = Load(before=0.4, after=2.3, cores=2, processes=2, others=1.2)
-    assert busy.exceeded and "other jobs kept 1.20 threads runnable on average, not below 0.5" in busy.why_busy()
+    assert busy.exceeded and "other jobs' threads at 1.20, not below the limit 0.5" in busy.why_busy()
     assert Load(before=3.1, after=2.3, cores=2, processes=2, others=0.0).exceeded
 
 

@@ -96,7 +96,7 @@ class Load:
     def why_busy(self) -> str:
         """Why :attr:`exceeded` holds, in words."""
         if self.others is not None and self.others >= self.others_limit:
-            return f"other jobs kept {self.others:.2f} threads runnable on average, not below {self.others_limit}"
+            return f"other jobs' threads at {self.others:.2f}, not below the limit {self.others_limit}"
         return f"over {self.limit}, what this run's own processes account for"
 
     def describe(self) -> str:
