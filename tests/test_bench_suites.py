@@ -130,3 +130,23 @@ def test_a_retake_of_the_committed_cpu_folder_covers_every_cited_file_that_is_no
     profile = read_any(folder / "profile" / "profile.json").environment.load
     if profile.others >= 0.25:
         assert "profile/profile.json" in retaken
+
+
+@pytest.mark.parametrize("suite", [cpu_suite, lambda out: gpu_suite(out, 2)])
+def test_the_bucket_sweep_sizes_build_distinct_layouts(suite):
+    """Issue 59: on cpu-small the library's 1 MB first bucket made 100 and 1000 MB the same two
+    buckets, so the sweep timed one layout twice. Every size of each suite's sweep must build a
+    layout of its own, as BucketedDDP plans it for the suite's model (on the meta device)."""
+    import torch
+
+    from cs336_basics.model import TransformerLM, model_config
+    from cs336_systems.bench.step.variants import planned_layouts
+
+    step = next(s for s in suite(OUT) if s.name == "DDP step benchmark")
+    sizes = tuple(float(x) for x in step.args[step.args.index("--bucket-sizes-mb") + 1:][:4])
+    with torch.device("meta"):
+        model = TransformerLM(model_config(_arg(step, "--model-size"), int(_arg(step, "--context-length"))))
+    layouts = planned_layouts(model, sizes)
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert all(sum(layout) == total for layout in layouts.values())
+    assert len({tuple(layout) for layout in layouts.values()}) == len(sizes), layouts

@@ -93,6 +93,7 @@ def _steps_for(
 
 # 8 sequences: 4 rows per rank at world size 2, one per micro-batch of the accumulation option.
 FSDP_OPTIONS_TINY = ("--model-size", "tiny", "--context-length", "32", "--global-batch", "8", "--world-size", "2")
+CPU_BUCKET_SIZES_MB = ("1", "10", "25", "100")  # distinct layouts on cpu-small (see cpu_suite)
 CPU_DDP = ("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4", "--world-size", "2")
 # Twelve (case, side) pairs a round at the default shape; 32 rounds: the 95% interval of the
 # per-round ratio's median runs from the 10th to the 23rd of 32.
@@ -112,7 +113,10 @@ def cpu_suite(out: Path) -> list[BenchStep]:
         # Many short rounds: this machine is noisy, interleaving finely spreads drift evenly, and
         # each round gives one paired difference per variant; the 95% interval of their median
         # narrows from min..max at 8 rounds to the 4th..13th of 16 and the 10th..23rd of 32.
-        ddp=(*CPU_DDP, "--rounds", "16", "--steps-per-round", "1", "--bucket-sizes-mb", "1", "10", "100", "1000"),
+        # cpu-small's gradients are 86.6 MB: the handout's 100 and 1000 MB would both build the same
+        # two buckets (the 19.5 MB lm_head, which closes the 1 MB first bucket, then the rest), so
+        # this sweep's sizes build four distinct layouts: 30, 6, 3 and 2 buckets (tests/test_bench_suites.py).
+        ddp=(*CPU_DDP, "--rounds", "16", "--steps-per-round", "1", "--bucket-sizes-mb", *CPU_BUCKET_SIZES_MB),
         ablation=(*CPU_DDP, "--rounds", "32", "--steps-per-round", "1"),
         profile=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
         sharded=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
