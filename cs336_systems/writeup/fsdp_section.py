@@ -159,7 +159,7 @@ def memory_runs(ctx: RenderContext) -> list[dict]:
         state = accounting(psi, n)
         runs.append(dict(tag=machine.tag, source=results.source, model=results.setting.get("model_size"), psi=psi, n=n,
                          setting=fmt.workload_setting_line(results, "each configuration in processes of its own"),
-                         held=held, peak=peak, state=state, names=[c for c in (DDP, ZERO1, FSDP) if c in by],
+                         held=held, peak=peak, state=state, caveats=fmt.caveats(results), names=[c for c in (DDP, ZERO1, FSDP) if c in by],
                          transient={c: peak[c] - held[c] for c in by}))
     return runs
 
@@ -170,10 +170,11 @@ def _paired(r: FsdpStepRecord, unfit: str | None) -> Paired | None:
                                                    len(r.step_times_s), unfit=unfit)
 
 
-def _bucketed_elsewhere(machine: MachineResults, results: ResultsFile) -> tuple[float, str] | None:
-    """The step benchmark's bucketed DDP at 25 MB on the same model and batch (another run), with its file."""
-    found = [(r.median_step_s, f.source) for f in machine.runs("ddp_step", like=results) for r in f.records
-             if r.variant == "bucketed-25MB"]
+def _bucketed_elsewhere(machine: MachineResults, results: ResultsFile) -> tuple[float, str, str] | None:
+    """The step benchmark's bucketed DDP at 25 MB on the same model and batch (another run), with its
+    file and both runs' load, each as its file records it."""
+    found = [(r.median_step_s, f.source, f"{fmt.others(f.environment)} there, {fmt.others(results.environment)} here")
+             for f in machine.runs("ddp_step", like=results) for r in f.records if r.variant == "bucketed-25MB"]
     return found[0] if found else None
 
 
