@@ -20,6 +20,7 @@ from cs336_systems.problems import PROBLEMS, GradeRecord
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.paths import RESULTS_ROOT, results_path
 from cs336_systems.writeup import render_writeup
+from cs336_systems.writeup.render import heading
 from cs336_systems.writeup.pages import machines_page
 
 from .test_writeup_allreduce import PAYLOADS, environment, record
@@ -226,8 +227,8 @@ def test_notebook_validates_and_carries_the_answers_first(rendered):
     assert all(c.cell_type == "markdown" for c in nb.cells)
     found = answers(rendered["readme"])
     assert len(nb.cells) == 1 + len(found) + len(rendered["page"])
-    assert [c.source.splitlines()[0] for c in nb.cells[1:len(found) + 1]] == [f"### {p}" for p in found]
-    assert nb.cells[1].source.strip() == f"### {PROBLEMS[0].name}\n\n{found[PROBLEMS[0].name].strip()}"
+    assert ["\n".join(c.source.splitlines()[:2]) for c in nb.cells[1:len(found) + 1]] == [heading(p) for p in found]
+    assert nb.cells[1].source.strip() == f"{heading(PROBLEMS[0].name)}\n\n{found[PROBLEMS[0].name].strip()}"
     assert rendered["first"].notebook.read_bytes().endswith(b"\n")
 
 

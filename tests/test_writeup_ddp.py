@@ -185,7 +185,8 @@ def rendered(tmp_path_factory) -> dict:
 def answers(readme: str) -> dict[str, str]:
     """The README's answers by problem, in the order they appear."""
     body = readme.split("\n## Answers\n", 1)[1].split("\n## Details\n", 1)[0]
-    parts = re.split(r"^### (\S+)\n", body, flags=re.M)[1:]
+    # Each answer is '<a id="name"></a>' and '### name (its editions)' (writeup.render.heading).
+    parts = re.split(r'^(?:<a id="[^"]+"></a>\n)?### (\S+)(?: \([^)\n]*\))?\n', body, flags=re.M)[1:]
     return dict(zip(parts[::2], parts[1::2]))
 
 

@@ -23,6 +23,7 @@ from cs336_systems.results.paths import results_path
 from cs336_systems.results.schema import to_json
 from cs336_systems.units import MB
 from cs336_systems.writeup import render_writeup
+from cs336_systems.writeup.render import heading
 from cs336_systems.writeup.fsdp_section import fsdp_page
 from cs336_systems.writeup.pages import machines_page
 
@@ -91,7 +92,7 @@ def render(tmp_path: Path, torch_minus_ours_s: list[float] | None) -> dict:
         (root / TAG).mkdir(parents=True)
     rendered = render_writeup(root, tmp_path / "out", pages=[fsdp_page, machines_page])
     readme = rendered.readme.read_text()
-    return {"answer": readme.split("### fsdp_accounting\n")[1].split("\n## ")[0], "figures": rendered.figures,
+    return {"answer": readme.split(heading("fsdp_accounting") + "\n")[1].split("\n## ")[0], "figures": rendered.figures,
             "details": rendered.details[0].read_text(), "machines": rendered.details[1].read_text(),
             "documents": [readme, *(p.read_text() for p in rendered.details)]}
 

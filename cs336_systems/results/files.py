@@ -24,6 +24,7 @@ from cs336_systems.results.paths import NOT_QUIET_DIR, RESULTS_ROOT, SMOKE_PREFI
 from cs336_systems.results.schema import Record, SchemaError, from_json, to_json
 
 R = TypeVar("R", bound=Record)
+FILE_MODE = 0o644  # every file written here: rw-r--r--, the mode git records for them
 
 
 class ResultsError(ValueError):
@@ -64,11 +65,12 @@ class ResultsFile(Generic[R]):
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path``; renamed onto ``path`` if the block completes."""
+    """A temporary path beside ``path`` (mode :data:`FILE_MODE`); renamed onto ``path`` if the block completes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, FILE_MODE)  # mkstemp makes it 0600; results and pages are read by everyone, as git has them
     try:
         yield Path(tmp)
         os.replace(tmp, path)
