@@ -111,3 +111,15 @@ def test_the_profile_is_refused_from_a_quarter_core_of_other_jobs(committed_fold
         save_results(committed_folder / "profile" / "profile.json", ProfileRecord.KIND, ProfileSetting(),
                      [object.__new__(ProfileRecord)], env)
     assert not Load(before=0.2, after=1.5, cores=2, processes=2, others=0.25).exceeded  # other kinds: 0.5
+
+
+def test_the_setting_line_says_what_the_host_did_and_why_a_run_was_not_quiet():
+    from cs336_systems.writeup import fmt
+
+    quiet = dataclasses.replace(environment(), host=QUIET_HOST.verdict())
+    line = fmt.setting_line(quiet, "x/ddp_step.json")
+    assert "steal 0.10%, calibration 2.00 → 2.05 ms, compute-only step spread 0.040 of its median (max/min 1.10)" in line
+    assert "not quiet" not in line
+    noisy = dataclasses.replace(environment(), host=dataclasses.replace(QUIET_HOST, compute_only_iqr=0.25).verdict())
+    assert "not quiet (the compute-only step's interquartile range is 0.250 of its median" in fmt.setting_line(
+        noisy, "x/ddp_step.json")

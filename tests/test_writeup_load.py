@@ -90,8 +90,11 @@ def test_a_loaded_run_is_refused_among_the_results_and_written_elsewhere(tmp_pat
 
 
 def test_the_setting_line_says_the_load_and_whether_timings_are_evidence():
-    assert "load 0.3 before, 2.0 after on 2 cores ·" in fmt.setting_line(
+    assert "load 0.3 before, 2.0 after on 2 cores, other jobs not counted ·" in fmt.setting_line(
         dataclasses.replace(environment(), load=QUIET), "x/y.json")
+    counted = dataclasses.replace(QUIET, others=0.04)
+    assert "load 0.3 before, 2.0 after on 2 cores, other jobs 0.04 runnable ·" in fmt.setting_line(
+        dataclasses.replace(environment(), load=counted), "x/y.json")
     assert "over its 2: timings not evidence" in fmt.setting_line(
         dataclasses.replace(environment(), load=LOADED), "x/y.json")
     assert "load not recorded: timings not evidence" in fmt.setting_line(
