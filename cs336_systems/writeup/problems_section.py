@@ -74,8 +74,7 @@ def grading_page(ctx: RenderContext) -> Page:
                      ", ".join(f"`{w}`" for w in p.where), tests, _status(grade, p.deliverable, p.where)])
     beyond = grades.get("beyond")
     # The grade lines name the run they come from: grades.json is refreshed only by `make test`.
-    ran = (f"`make test` at {fmt.commit(grades_file.environment)} ({grades_file.environment.timestamp_utc[:10]})"
-           if grades_file else "`make test`")
+    ran = f"`make test` at {fmt.commit(grades_file.environment)}" if grades_file else "`make test`"
     setting = None
     if grades_file is not None:
         setting = fmt.setting_line(grades_file.environment, grades_file.source,
