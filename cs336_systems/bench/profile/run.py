@@ -133,8 +133,10 @@ def _profile_rank(ctx: RankContext, setting: ProfileSetting, trace_dir: str) -> 
 
 def move_traces(records: list[ProfileRecord], source: Path, folder: Path) -> None:
     """Each record's trace from ``source`` into ``folder``, in place of its variant's earlier trace
-    (either compression)."""
+    (either compression); a record whose trace ``source`` does not hold leaves the folder's as it is."""
     for record in records:
+        if not (Path(source) / record.trace).is_file():
+            continue
         for stale in trace_names(record.variant):
             (folder / stale).unlink(missing_ok=True)
         os.replace(Path(source) / record.trace, Path(folder) / record.trace)
