@@ -67,15 +67,16 @@ else
 	$(PY) scripts/footprint.py
 endif
 
-bench: env ## CPU benchmarks with gloo on this machine (about 20 min on 2 cores), then the writeup
+bench: env ## CPU benchmarks with gloo on this machine (about 27 min on 2 cores), over the committed results, then the writeup
 	$(PY) scripts/run_benchmarks.py --suite cpu
 
 bench-quick: env ## the bench path with minimal sizes (<3 min), into writeup/results/quick
 	$(PY) scripts/run_benchmarks.py --suite quick
 
-# On a quiet machine (nothing else running: each run records other jobs' runnable threads, and
-# save_results refuses one they exceeded 0.5 in): the results whose load was never recorded.
-bench-retake: env ## re-take make bench's results that record no load (or an excess), then the writeup
+# On a quiet machine (nothing else running: each run records other jobs' runnable threads and what
+# the host did, save_results refuses a run others shared and files one the host disturbed apart):
+# the cited results that are not yet quiet evidence (cs336_systems/bench/suites.py, retake_reason).
+bench-retake: env ## re-take the cited results of make bench that are not quiet evidence, then the writeup
 	$(PY) scripts/run_benchmarks.py --suite retake
 
 bench-gpu: env ## NCCL benchmarks at the handout's settings on a node with 1-6 GPUs, then the writeup

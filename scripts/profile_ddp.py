@@ -24,9 +24,12 @@ Three ways to run it:
 from __future__ import annotations
 
 import sys
+import tempfile
+from pathlib import Path
 
 from cs336_systems import cli
 from cs336_systems.bench.profile import ProfileRecord, ProfileSetting, nsys_command, profile_into
+from cs336_systems.bench.profile.run import move_traces
 from cs336_systems.results.environment import collect_environment
 from cs336_systems.results.files import save_results
 
@@ -46,11 +49,16 @@ def build_parser() -> cli.Parser:
 @cli.stops_cleanly
 def main(argv: list[str] | None = None) -> int:
     setting, out = build_parser().parse_with_output(argv)
-    run = profile_into(setting, out.parent)
-    if run is None:
-        return 0  # a rank other than 0 under torchrun/SLURM: rank 0 writes everything
-    environment = collect_environment(setting.backend_name, run.world_size, setting.device, run.shared_gpu)
-    save_results(out, ProfileRecord.KIND, setting, run.records, environment, run.notes)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # The traces wait in a folder of their own until save_results says where profile.json went: a
+    # refused run leaves none, and one filed as not quiet must not overwrite the quiet run's traces.
+    with tempfile.TemporaryDirectory(prefix=".traces-", dir=out.parent) as traces:
+        run = profile_into(setting, Path(traces))
+        if run is None:
+            return 0  # a rank other than 0 under torchrun/SLURM: rank 0 writes everything
+        environment = collect_environment(setting.backend_name, run.world_size, setting.device, run.shared_gpu)
+        out = save_results(out, ProfileRecord.KIND, setting, run.records, environment, run.notes)
+        move_traces(run.records, Path(traces), out.parent)
     print(format_records(run.records))
     print(f"wrote {out} and the traces beside it")
     print("with Nsight Systems on a GPU machine, record the same run with:")

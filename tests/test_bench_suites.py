@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from cs336_systems.bench.suites import cpu_suite, gpu_suite, quick_suite, retake_suite
+from cs336_systems.bench.suites import cited_files, cpu_suite, gpu_suite, quick_suite, retake_reason, retake_suite
 from cs336_systems.results.environment import Load
 from cs336_systems.results.files import ResultsFile, write_results
+from cs336_systems.results.host import Host
+from cs336_systems.results.kinds import read_any
 
 from .test_writeup_allreduce import environment, record
 
@@ -74,18 +76,30 @@ def test_profile_and_step_benchmark_train_the_same_batch():
             assert _arg(step, flag) == _arg(profile, flag), flag
 
 
-def test_the_retake_suite_runs_exactly_the_files_that_record_no_quiet_load(tmp_path):
-    """make bench-retake: a file with no load record, or one over its own, is taken again; a file
-    whose run recorded a quiet machine, or that is not make bench's, is left alone."""
-    quiet_env, unrecorded = environment(), dataclasses.replace(environment(), load=None)
-    loaded = dataclasses.replace(environment(), load=Load(before=9.0, after=9.0, cores=2, processes=2, others=3.0))
-    for name, env in (("allreduce.json", unrecorded), ("ddp_step.json", loaded), ("fsdp_step.json", quiet_env),
-                      ("other.json", unrecorded)):
-        write_results(tmp_path / name, ResultsFile("allreduce", env, {}, [record("gloo", "cpu", 2, 1024, [1e-3] * 3)]))
-    retaken = {Path(s.out).name for s in retake_suite(tmp_path)}
-    every = {Path(s.out).name for s in cpu_suite(tmp_path)}
-    assert "allreduce.json" in retaken and "ddp_step.json" in retaken
-    assert retaken == every - {"fsdp_step.json"}  # the rest are missing here: taken too
+def test_the_retake_suite_runs_exactly_the_cited_files_that_are_not_quiet_evidence(tmp_path):
+    """make bench-retake: a file the pages cite with no load record, one over its own, one with no
+    host record (steal, calibration), one not quiet, or one missing is taken again; a quiet one,
+    or one no page cites, is left alone."""
+    folder, pages = tmp_path / "cpu2-x", tmp_path / "writeup"
+    quiet_host = Host(0.0, 0.0, 2e-3, 2e-3, 0.04, 1.1, quiet=True)
+    quiet_env = dataclasses.replace(environment(), host=quiet_host)
+    noisy_env = dataclasses.replace(quiet_env, host=dataclasses.replace(quiet_host, quiet=False, reasons=["wide"]))
+    loaded = dataclasses.replace(quiet_env, load=Load(before=9.0, after=9.0, cores=2, processes=2, others=3.0))
+    planted = {"allreduce.json": dataclasses.replace(quiet_env, load=None), "ddp_step.json": loaded,
+               "fsdp_step.json": quiet_env, "naive_ddp.json": environment(), "sharded_optimizer.json": noisy_env,
+               "bucket_family.json": dataclasses.replace(quiet_env, load=None)}
+    for name, env in planted.items():
+        write_results(folder / name, ResultsFile("allreduce", env, {}, [record("gloo", "cpu", 2, 1024, [1e-3] * 3)]))
+    (pages / "details").mkdir(parents=True)
+    cited = [*planted.keys() - {"bucket_family.json"}, "fsdp_options.json"]  # fsdp_options: missing
+    (pages / "README.md").write_text("".join(f"from `cpu2-x/{name}`.\n" for name in cited[:3]))
+    (pages / "details" / "a.md").write_text("".join(f"*from `cpu2-x/{name}`*\n" for name in cited[3:]))
+    assert cited_files(folder, pages) == set(cited)
+    retaken = {Path(s.out).name for s in retake_suite(folder, pages)}
+    assert retaken == {"allreduce.json", "ddp_step.json", "naive_ddp.json", "sharded_optimizer.json",
+                       "fsdp_options.json"}
+    assert retake_reason(folder / "naive_ddp.json") == "no steal or calibration record"
+    assert retake_reason(folder / "sharded_optimizer.json") == "not quiet: wide"
 
 
 def test_the_cpu_grid_keeps_its_1000_mb_cells_at_6_ranks_on_a_24_gb_machine():
@@ -102,20 +116,37 @@ def test_the_cpu_grid_keeps_its_1000_mb_cells_at_6_ranks_on_a_24_gb_machine():
         assert memory_skip_reason(1000 * MB, ranks, int(19.8 * GB), fraction) is None
 
 
-def test_a_retake_of_the_committed_cpu_folder_covers_every_file_the_answers_cite():
-    """What `make bench-retake` reruns on the 2-core Intel machine: every committed file of its folder
-    that records no load, the ones the written answers cite among them, so that none rests on an
-    unrecorded run once it has run."""
-    from cs336_systems.results.kinds import read_any
-
+def test_a_retake_of_the_committed_cpu_folder_covers_every_cited_file_that_is_not_quiet():
+    """What `make bench-retake` reruns on the 2-core Intel machine: every cpu-suite file of its folder
+    that the committed pages cite and that is not quiet evidence, the profile among them while it
+    was taken with other jobs at 0.25 or more."""
     folder = REPO / "writeup" / "results" / "cpu2-intel-xeon-processor"
-    answers = (REPO / "writeup" / "README.md").read_text().split("## Answers")[1].split("\n## Details")[0]
     retaken = {Path(s.out).relative_to(folder).as_posix() for s in retake_suite(folder)}
-    benched = {Path(s.out).relative_to(folder).as_posix() for s in cpu_suite(folder)}
-    for name in sorted(benched):  # make test's grades.json is no benchmark: its load decides nothing
-        load = read_any(folder / name).environment.load
-        assert (name in retaken) == (load is None or load.exceeded), name
-    cited = {name for name in (p.relative_to(folder).as_posix() for p in folder.rglob("*.json"))
-             if f"cpu2-intel-xeon-processor/{name}" in answers}
-    assert {"allreduce.json", "fsdp_step.json"} <= cited
-    assert all(name in retaken or read_any(folder / name).environment.load is not None for name in cited)
+    cited = cited_files(folder)
+    assert {"allreduce.json", "ddp_step.json", "fsdp_step.json", "profile/profile.json"} <= cited
+    for step in cpu_suite(folder):
+        name = Path(step.out).relative_to(folder).as_posix()
+        assert (name in retaken) == (name in cited and retake_reason(Path(step.out)) is not None), name
+    profile = read_any(folder / "profile" / "profile.json").environment.load
+    if profile.others >= 0.25:
+        assert "profile/profile.json" in retaken
+
+
+@pytest.mark.parametrize("suite", [cpu_suite, lambda out: gpu_suite(out, 2)])
+def test_the_bucket_sweep_sizes_build_distinct_layouts(suite):
+    """Issue 59: on cpu-small the library's 1 MB first bucket made 100 and 1000 MB the same two
+    buckets, so the sweep timed one layout twice. Every size of each suite's sweep must build a
+    layout of its own, as BucketedDDP plans it for the suite's model (on the meta device)."""
+    import torch
+
+    from cs336_basics.model import TransformerLM, model_config
+    from cs336_systems.bench.step.variants import planned_layouts
+
+    step = next(s for s in suite(OUT) if s.name == "DDP step benchmark")
+    sizes = tuple(float(x) for x in step.args[step.args.index("--bucket-sizes-mb") + 1:][:4])
+    with torch.device("meta"):
+        model = TransformerLM(model_config(_arg(step, "--model-size"), int(_arg(step, "--context-length"))))
+    layouts = planned_layouts(model, sizes)
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert all(sum(layout) == total for layout in layouts.values())
+    assert len({tuple(layout) for layout in layouts.values()}) == len(sizes), layouts

@@ -46,6 +46,7 @@ from cs336_systems.capacity.handout import (
     decimal_reading,
 )
 from cs336_systems.writeup import render_writeup
+from cs336_systems.writeup.render import heading
 from cs336_systems.writeup.communication_accounting_section import communication_accounting_page
 
 pytestmark = pytest.mark.problem("beyond")
@@ -232,7 +233,7 @@ def page(tmp_path_factory) -> dict:
     second = render_writeup(root / "no-results", root / "b", pages=[communication_accounting_page])
     assert first.text() == second.text()
     readme = first.readme.read_text()
-    return {"answer": readme.split("### communication_accounting\n")[1].split("\n## ")[0],
+    return {"answer": readme.split(heading("communication_accounting") + "\n")[1].split("\n## ")[0],
             "details": first.details[0].read_text()}
 
 

@@ -20,6 +20,7 @@ from cs336_systems.results.paths import results_path
 from cs336_systems.results.schema import to_json
 from cs336_systems.units import MB
 from cs336_systems.writeup import render_writeup
+from cs336_systems.writeup.render import heading
 from cs336_systems.writeup.fsdp_section import fsdp_page
 from cs336_systems.writeup.pages import machines_page
 
@@ -61,7 +62,7 @@ def render(tmp_path: Path) -> tuple[str, str]:
                   ResultsFile(FsdpOptionRecord.KIND, environment(), to_json(SETTING), records))
     rendered = render_writeup(root, tmp_path / "out", pages=[fsdp_page, machines_page])
     readme = rendered.readme.read_text()
-    return readme.split("### fsdp_accounting\n")[1].split("\n## ")[0], rendered.details[0].read_text()
+    return readme.split(heading("fsdp_accounting") + "\n")[1].split("\n## ")[0], rendered.details[0].read_text()
 
 
 def test_options_table_reads_each_ratio_by_its_interval_and_checks_bytes(tmp_path: Path):

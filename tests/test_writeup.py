@@ -20,6 +20,7 @@ from cs336_systems.problems import PROBLEMS, GradeRecord
 from cs336_systems.results.files import ResultsFile, write_results
 from cs336_systems.results.paths import RESULTS_ROOT, results_path
 from cs336_systems.writeup import render_writeup
+from cs336_systems.writeup.render import heading
 from cs336_systems.writeup.pages import machines_page
 
 from .test_writeup_allreduce import PAYLOADS, environment, record
@@ -226,8 +227,8 @@ def test_notebook_validates_and_carries_the_answers_first(rendered):
     assert all(c.cell_type == "markdown" for c in nb.cells)
     found = answers(rendered["readme"])
     assert len(nb.cells) == 1 + len(found) + len(rendered["page"])
-    assert [c.source.splitlines()[0] for c in nb.cells[1:len(found) + 1]] == [f"### {p}" for p in found]
-    assert nb.cells[1].source.strip() == f"### {PROBLEMS[0].name}\n\n{found[PROBLEMS[0].name].strip()}"
+    assert ["\n".join(c.source.splitlines()[:2]) for c in nb.cells[1:len(found) + 1]] == [heading(p) for p in found]
+    assert nb.cells[1].source.strip() == f"{heading(PROBLEMS[0].name)}\n\n{found[PROBLEMS[0].name].strip()}"
     assert rendered["first"].notebook.read_bytes().endswith(b"\n")
 
 
@@ -333,7 +334,8 @@ def answer_words(text: str) -> int:
 
 def retaken_results(tmp: Path) -> Path:
     """The committed results as a quiet re-take leaves them: every file of the CPU machine that records
-    no load given a quiet record (other jobs' runnable threads 0.03), nothing else changed."""
+    no load, or other jobs at the profile's limit (0.25) or more, given a quiet record (other jobs'
+    runnable threads 0.03), nothing else changed."""
     import shutil
 
     root = tmp / "results"
@@ -341,7 +343,8 @@ def retaken_results(tmp: Path) -> Path:
     quiet = {"before": 0.1, "after": 1.9, "cores": 2, "processes": 2, "others": 0.03}
     for path in sorted((root / "cpu2-intel-xeon-processor").rglob("*.json")):
         data = json.loads(path.read_text())
-        if isinstance(data.get("environment"), dict) and data["environment"].get("load") is None:
+        load = data.get("environment", {}).get("load") if isinstance(data.get("environment"), dict) else {}
+        if load is None or (load or {}).get("others", 0) >= 0.25:
             data["environment"]["load"] = quiet
             path.write_text(json.dumps(data))
     return root
@@ -364,6 +367,6 @@ def test_after_a_quiet_retake_every_yes_no_question_has_its_verdict(retaken):
     found = answers(retaken)
     assert "no verdict" not in retaken.lower() and "not evidence" not in "".join(found.values())
     assert re.search(r"Matched: \*\*(yes|no)\*\*", found["ddp_bucketed_benchmarking"])
-    assert re.search(r"\*\*\(b\)\*\* \*\*(Yes|No)\*\*: .* \(95% interval ", found["fsdp_accounting"])
+    assert re.search(r"\*\*\(b\)\*\* \*\*(Yes|No|Partly)\*\*: .* \(95% interval ", found["fsdp_accounting"])
     assert re.search(r"\*\*\(a\)\*\* \*\*(Yes|No)\*\*", found["optimizer_state_sharding_accounting"])
     assert "(95% interval " in found["optimizer_state_sharding_accounting"].split("**(b)**")[1]

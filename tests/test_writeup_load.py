@@ -51,7 +51,7 @@ def test_other_jobs_decide_where_they_were_counted():
     assert not Load(before=0.4, after=2.3, cores=2, processes=2, others=0.05).exceeded
     assert Load(before=0.4, after=2.3, cores=2, processes=2).exceeded  # not counted: the load average decides
     busy = Load(before=0.4, after=2.3, cores=2, processes=2, others=1.2)
-    assert busy.exceeded and "other jobs kept more than 0.5 threads runnable" in busy.why_busy()
+    assert busy.exceeded and "other jobs' threads at 1.20, not below the limit 0.5" in busy.why_busy()
     assert Load(before=3.1, after=2.3, cores=2, processes=2, others=0.0).exceeded
 
 
@@ -92,8 +92,11 @@ def test_a_loaded_run_is_refused_among_the_results_and_written_elsewhere(tmp_pat
 
 
 def test_the_setting_line_says_the_load_and_whether_timings_are_evidence():
-    assert "load 0.3 before, 2.0 after on 2 cores ·" in fmt.setting_line(
+    assert "load 0.3 before, 2.0 after on 2 cores, other jobs not counted ·" in fmt.setting_line(
         dataclasses.replace(environment(), load=QUIET), "x/y.json")
+    counted = dataclasses.replace(QUIET, others=0.04)
+    assert "load 0.3 before, 2.0 after on 2 cores, other jobs 0.04 runnable ·" in fmt.setting_line(
+        dataclasses.replace(environment(), load=counted), "x/y.json")
     assert "over its 2: timings not evidence" in fmt.setting_line(
         dataclasses.replace(environment(), load=LOADED), "x/y.json")
     assert "load not recorded: timings not evidence" in fmt.setting_line(

@@ -14,6 +14,7 @@ from cs336_systems.bench.profile import ProfileRecord, ProfileSetting
 from cs336_systems.results.paths import PROFILE_DIR, results_dir
 from cs336_systems.writeup import fmt, render_writeup
 from cs336_systems.writeup.pages import machines_page
+from cs336_systems.writeup.render import heading
 from cs336_systems.writeup.profile_section import render_timelines
 from cs336_systems.writeup.profile_section import profile_page
 
@@ -39,14 +40,14 @@ def rendered(tmp_path_factory) -> dict:
 
 
 def test_the_answer_gives_the_share_inside_backward_and_the_timelines(rendered):
-    answer = rendered["readme"].split(f"### {PROBLEM}")[1]
+    answer = rendered["readme"].split(heading(PROBLEM) + "\n")[1]
     per_parameter, naive = inside_share(*PROFILED["per-parameter"]), inside_share(*PROFILED["naive"])
     assert per_parameter > 0.5 and naive == 0
     for tag in (TAG, PROFILE_ONLY_TAG):
         assert (f"On `{tag}` (gloo, 2 ranks on CPU), most of per-parameter DDP's communication overlaps backward: "
                 f"{fmt.pct(per_parameter)} of its all-reduce time") in answer
         assert f"](figures/{tag}_profile_timeline_overlap.png)" in answer
-    assert answer.startswith("\n\n**(b)**") and "](details/profile.md)" in answer
+    assert answer.startswith("\n**(b)**") and "](details/profile.md)" in answer
     assert len(answer.split("![")[0].split()) < 200
 
 
@@ -109,7 +110,7 @@ def test_two_steps_are_both_reported_and_a_difference_claimed_only_when_every_st
 
 def test_without_profiles_the_answer_links_the_one_gap_list(tmp_path):
     out = render_writeup(tmp_path / "none", tmp_path / "out", pages=[profile_page, machines_page])
-    answer = out.readme.read_text().split(f"### {PROBLEM}")[1]
+    answer = out.readme.read_text().split(heading(PROBLEM) + "\n")[1]
     assert "No profile of both naive and per-parameter DDP" in answer
     assert "details/machines.md#not-measured-here" in answer
     machines = (tmp_path / "out" / "details" / "machines.md").read_text()

@@ -30,6 +30,7 @@ from cs336_systems.results.paths import results_path
 from cs336_systems.results.schema import to_json
 from cs336_systems.units import MB
 from cs336_systems.writeup import render_writeup
+from cs336_systems.writeup.render import heading
 from cs336_systems.writeup.pages import doctor_page
 from cs336_systems.writeup.pages import machines_page
 from cs336_systems.writeup.sharding_section import sharding_page
@@ -97,7 +98,7 @@ def mb(n_bytes: float) -> str:
 def render(root: Path, out: Path) -> dict:
     rendered = render_writeup(root, out, pages=[sharding_page, machines_page])
     readme = rendered.readme.read_text()
-    return {"answer": readme.split("### optimizer_state_sharding_accounting\n")[1].split("\n## ")[0],
+    return {"answer": readme.split(heading("optimizer_state_sharding_accounting") + "\n")[1].split("\n## ")[0],
             "details": rendered.details[0].read_text(), "machines": rendered.details[1].read_text(),
             "text": rendered.text(), "documents": [readme, *(p.read_text() for p in rendered.details)]}
 

@@ -5,8 +5,10 @@ A suite is an ordered list of steps; each step runs one of our scripts as its ow
 memory accounting sees a fresh process) and writes one results file, at the path
 ``results.paths`` gives it. The suites end by rendering the writeup.
 
-* ``cpu``: gloo on this machine's CPUs: 10 min 20 s on 2 cores before the Lightning claims and the
-  FSDP options were added (about 4, 3 and 1 minutes more; not timed end to end since);
+* ``cpu``: gloo on this machine's CPUs: 27 min 14 s on the 2-core machine, a fresh clone alone on
+  it (issue 59), writing over the committed results of this machine's folder;
+* ``retake``: the ``cpu`` steps whose file the writeup cites and that is not yet quiet evidence
+  (:func:`retake_reason`), on a quiet machine;
 * ``quick``: the same path with minimal sizes (a smoke check, under 3 minutes), written to
   ``writeup/results/quick/``, which the writeup ignores;
 * ``gpu-memory``: on one GPU, what it can still say at the handout's sizes, every figure from
@@ -21,12 +23,16 @@ memory accounting sees a fresh process) and writes one results file, at the path
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cs336_systems.results.environment import OTHERS_LIMIT, OTHERS_LIMIT_BY_KIND, REPO_ROOT
 from cs336_systems.results.files import ResultsError
 from cs336_systems.results.kinds import read_any
 from cs336_systems.results.paths import PROFILE_DIR
+
+WRITEUP_DIR = REPO_ROOT / "writeup"  # the rendered pages, whose citations say what the retake reruns
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ def _steps_for(
 
 # 8 sequences: 4 rows per rank at world size 2, one per micro-batch of the accumulation option.
 FSDP_OPTIONS_TINY = ("--model-size", "tiny", "--context-length", "32", "--global-batch", "8", "--world-size", "2")
+CPU_BUCKET_SIZES_MB = ("1", "10", "25", "100")  # distinct layouts on cpu-small (see cpu_suite)
 CPU_DDP = ("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4", "--world-size", "2")
 # Twelve (case, side) pairs a round at the default shape; 32 rounds: the 95% interval of the
 # per-round ratio's median runs from the 10th to the 23rd of 32.
@@ -106,7 +113,10 @@ def cpu_suite(out: Path) -> list[BenchStep]:
         # Many short rounds: this machine is noisy, interleaving finely spreads drift evenly, and
         # each round gives one paired difference per variant; the 95% interval of their median
         # narrows from min..max at 8 rounds to the 4th..13th of 16 and the 10th..23rd of 32.
-        ddp=(*CPU_DDP, "--rounds", "16", "--steps-per-round", "1", "--bucket-sizes-mb", "1", "10", "100", "1000"),
+        # cpu-small's gradients are 86.6 MB: the handout's 100 and 1000 MB would both build the same
+        # two buckets (the 19.5 MB lm_head, which closes the 1 MB first bucket, then the rest), so
+        # this sweep's sizes build four distinct layouts: 30, 6, 3 and 2 buckets (tests/test_bench_suites.py).
+        ddp=(*CPU_DDP, "--rounds", "16", "--steps-per-round", "1", "--bucket-sizes-mb", *CPU_BUCKET_SIZES_MB),
         ablation=(*CPU_DDP, "--rounds", "32", "--steps-per-round", "1"),
         profile=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
         sharded=("--model-size", "cpu-small", "--context-length", "128", "--global-batch", "4"),
@@ -124,20 +134,40 @@ def cpu_suite(out: Path) -> list[BenchStep]:
     ) + [fsdp_hybrid_step(out), *fsdp_module_steps(out, FSDP_MODULES_CPU)]
 
 
-def needs_retake(path: Path) -> bool:
-    """Whether a results file's timings decide nothing: missing or unreadable, no load record (taken
-    before it was recorded, on a machine others shared), or a load over the run's own."""
+def retake_reason(path: Path) -> str | None:
+    """Why a results file's timings decide nothing yet, or None: missing or unreadable, no load
+    record or no host record (steal, calibration: taken before they were recorded), a load over the
+    run's own (held to its kind's limit: the profile's is 0.25), or a host that was not quiet."""
     try:
-        load = read_any(path).environment.load
+        results = read_any(path)
     except (OSError, ResultsError):
-        return True
-    return load is None or load.exceeded
+        return "missing or unreadable"
+    load, host = results.environment.load, results.environment.host
+    if load is None:
+        return "no load record"
+    load = replace(load, others_limit=OTHERS_LIMIT_BY_KIND.get(results.kind, OTHERS_LIMIT))
+    if load.exceeded:
+        return load.why_busy()
+    if host is None:
+        return "no steal or calibration record"
+    return None if host.quiet else "not quiet: " + "; ".join(host.reasons)
 
 
-def retake_suite(out: Path) -> list[BenchStep]:
-    """The steps of ``make bench`` whose results file under ``out`` :func:`needs_retake`, run on a
-    quiet machine: each file then records its load, and save_results refuses a run others shared."""
-    return [step for step in cpu_suite(out) if needs_retake(Path(step.out))]
+def cited_files(folder: Path, pages: Path = WRITEUP_DIR) -> set[str]:
+    """The files of a machine folder that the rendered writeup cites (as `<tag>/<file>`, in its
+    setting lines and answers), relative to the folder."""
+    text = "\n".join(p.read_text() for p in [pages / "README.md", *sorted((pages / "details").glob("*.md"))]
+                     if p.is_file())
+    return set(re.findall(rf"`{re.escape(Path(folder).name)}/([\w./-]+\.json)`", text))
+
+
+def retake_suite(out: Path, pages: Path = WRITEUP_DIR) -> list[BenchStep]:
+    """The steps of ``make bench`` whose results file under ``out`` the writeup cites and that has a
+    :func:`retake_reason`, run on a quiet machine: each file then records its load and host, and
+    save_results files a run that was not quiet apart from a quieter one in place."""
+    cited = cited_files(out, pages)
+    return [step for step in cpu_suite(out)
+            if Path(step.out).relative_to(out).as_posix() in cited and retake_reason(Path(step.out))]
 
 
 def fsdp_module_steps(out: Path, args: tuple[str, ...]) -> list[BenchStep]:

@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, Iterator, TypeVar
 
-from cs336_systems.results.environment import Environment
-from cs336_systems.results.paths import RESULTS_ROOT, SMOKE_PREFIX
+from cs336_systems.results import environment as environment_module
+from cs336_systems.results.environment import OTHERS_LIMIT, OTHERS_LIMIT_BY_KIND, Environment
+from cs336_systems.results.paths import NOT_QUIET_DIR, RESULTS_ROOT, SMOKE_PREFIX
 from cs336_systems.results.schema import Record, SchemaError, from_json, to_json
 
 R = TypeVar("R", bound=Record)
+FILE_MODE = 0o644  # every file written here: rw-r--r--, the mode git records for them
 
 
 class ResultsError(ValueError):
@@ -30,7 +33,6 @@ class ResultsError(ValueError):
 
 class LoadedMachine(ValueError):
     """A run taken while other jobs loaded the machine, refused a place among the results."""
-
 
 
 def _among_results(path: Path) -> bool:
@@ -63,11 +65,12 @@ class ResultsFile(Generic[R]):
 
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path beside ``path``; renamed onto ``path`` if the block completes."""
+    """A temporary path beside ``path`` (mode :data:`FILE_MODE`); renamed onto ``path`` if the block completes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
+    os.chmod(tmp, FILE_MODE)  # mkstemp makes it 0600; results and pages are read by everyone, as git has them
     try:
         yield Path(tmp)
         os.replace(tmp, path)
@@ -106,17 +109,61 @@ def write_results(path: Path, results: ResultsFile) -> Path:
 
 def save_results(path: Path, kind: str, setting: Any, records: list, environment: Environment,
                  notes: dict[str, Any] | None = None) -> Path:
-    """Write one run: its settings dataclass, records, environment and notes (see :func:`write_results`).
+    """Write one run: its settings dataclass, records, environment and notes (see :func:`write_results`);
+    the path written.
 
-    LoadedMachine, and nothing written, for a run under ``writeup/results/`` (not a quick folder)
-    whose recorded load exceeded what its own processes account for (environment.Load): its
-    numbers would be the other jobs' as much as its own. Elsewhere (a test's folder) the run is
-    written with its load, and the writeup never reads it."""
+    The environment gets what the host did over the run (results.host, where the script watched
+    it) and its verdict: quiet, or not and why. Under ``writeup/results/`` (not a quick folder):
+
+    * LoadedMachine, and nothing written, for a run whose recorded load exceeded what its own
+      processes account for (environment.Load, held to its kind's limit): its numbers would be
+      the other jobs' as much as its own;
+    * a run that is not quiet never replaces a quieter run of the same benchmark: it is filed in
+      the machine folder's ``not-quiet/`` subfolder (which the writeup does not read) instead, and
+      the path says so. Where the file in place is no quieter, the new run replaces it, marked."""
+    environment = _with_host(environment, kind, records)
     load = environment.load
     if load is not None and load.exceeded and _among_results(path):
         raise LoadedMachine(f"not written to {path}: {load.describe()} ({load.why_busy()}), so its numbers are "
                             "not evidence; rerun on a quiet machine")
-    return write_results(path, ResultsFile(kind, environment, to_json(setting), records, notes or {}))
+    results = ResultsFile(kind, environment, to_json(setting), records, notes or {})
+    if _among_results(path) and environment.host is not None and not environment.host.quiet \
+            and not _replaces(Path(path), environment):
+        path = Path(path).parent / NOT_QUIET_DIR / Path(path).name
+        print(f"not quiet ({'; '.join(environment.host.reasons)}): filed as {path}, beside the quieter run in "
+              "place", file=sys.stderr)
+    return write_results(path, results)
+
+
+def _with_host(environment: Environment, kind: str, records: list) -> Environment:
+    """``environment`` with its kind's load limit, and the host's record and verdict where watched."""
+    load = environment.load
+    if load is not None:
+        load = replace(load, others_limit=OTHERS_LIMIT_BY_KIND.get(kind, OTHERS_LIMIT))
+    watch = environment_module.HOST_WATCH
+    host = environment.host if watch is None else watch.record(records)
+    if host is not None:
+        host = host.verdict(load.why_busy() if load is not None and load.exceeded else None)
+    return replace(environment, load=load, host=host)
+
+
+def _replaces(path: Path, new: Environment) -> bool:
+    """Whether a run that is not quiet (``new``) may replace the file at ``path``: none is there, it
+    cannot be read, or it is no quieter (not quiet itself, with a spread no narrower where both
+    have one). A file without a host record says nothing of its quiet: the new run, which does, replaces it."""
+    from cs336_systems.results.kinds import read_any
+
+    try:
+        old = read_any(path).environment.host
+    except (OSError, ResultsError):
+        return True
+    if old is None or old.quiet is None:
+        return True
+    if old.quiet:
+        return False
+    if old.compute_only_iqr is not None and new.host.compute_only_iqr is not None:
+        return new.host.compute_only_iqr <= old.compute_only_iqr
+    return True
 
 
 def read_results(path: Path, record_types: dict[str, type[Record]], source: str | None = None) -> ResultsFile:

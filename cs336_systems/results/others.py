@@ -119,6 +119,11 @@ def _a_script() -> bool:
     return main.endswith(".py") and os.path.basename(os.path.dirname(os.path.abspath(main))) == "scripts"
 
 
+def sampling() -> bool:
+    """Whether this process samples other jobs' threads (a script's main process, see start_sampling)."""
+    return _SAMPLER is not None
+
+
 def others_mean() -> float | None:
     """Other processes' runnable threads, averaged since the sampler started; None if it did not."""
     return None if _SAMPLER is None else _SAMPLER.mean()

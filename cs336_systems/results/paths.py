@@ -13,6 +13,7 @@ from cs336_systems.results.environment import REPO_ROOT, machine_tag
 
 RESULTS_ROOT = REPO_ROOT / "writeup" / "results"
 SMOKE_PREFIX = "quick"  # results folders named quick* hold smoke runs, not results
+NOT_QUIET_DIR = "not-quiet"  # a machine folder's subfolder for runs the host disturbed (results.files.save_results)
 PROFILE_DIR = "profile"  # a machine folder's subfolder for the profiler's results and traces
 # Kinds whose files live in a subfolder of the machine's folder, beside files of their own.
 SUBFOLDER = {"profile": PROFILE_DIR}

@@ -10,6 +10,7 @@ import math
 import dataclasses
 from dataclasses import dataclass
 
+from cs336_systems.bench.stats import paired_median
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.variants import COMPUTE_ONLY, bucketed_name
 from cs336_systems.bench.allreduce.record import AllReduceRecord
@@ -45,6 +46,32 @@ def ablation_runs(inputs: WriteupInputs) -> list[tuple[MachineResults, ResultsFi
 
 def by_variant(records: list[StepRecord]) -> dict[str, StepRecord]:
     return {r.variant: r for r in records}
+
+
+@dataclass(frozen=True)
+class CoreTime:
+    """What per-parameter DDP's overlapped all-reduces cost backward: per round, its (step - wait
+    after backward) minus naive DDP's, whose all-reduces run only after backward."""
+
+    median_s: float
+    ci95_s: tuple[float, float] | None  # sign-test interval of the median over rounds
+    rounds: int
+
+    @property
+    def slows_backward(self) -> bool:
+        """The interval lies above zero: overlapping the all-reduces made the compute slower."""
+        return self.ci95_s is not None and self.ci95_s[0] > 0
+
+
+def core_time_taken(records: list[StepRecord], steps_per_round: int = 1) -> CoreTime | None:
+    """:class:`CoreTime` from one run's records; None without both variants' synchronisation times."""
+    v = by_variant(records)
+    pp, naive = v.get("per-parameter"), v.get("naive")
+    if not (pp and naive and pp.sync_times_s and naive.sync_times_s):
+        return None
+    compute = [[t - s for t, s in zip(r.step_times_s, r.sync_times_s)] for r in (pp, naive)]
+    median, interval = paired_median(*compute, steps_per_round=steps_per_round)
+    return CoreTime(median, interval, len(compute[0]) // steps_per_round)
 
 
 def run_fit(machine: MachineResults, results: ResultsFile) -> LinkFit | str | None:

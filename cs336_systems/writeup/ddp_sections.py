@@ -26,7 +26,8 @@ from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.allreduce_analysis import LinkFit
 from cs336_systems.writeup.step_setting import buckets, large_cap, parameter_shapes
 from cs336_systems.writeup.context import Page, RenderContext, details_link
-from cs336_systems.writeup.ddp_analysis import STEP_KIND, bucket_sweep, by_variant, gradient_bytes, run_fit, step_runs
+from cs336_systems.writeup.ddp_analysis import (STEP_KIND, bucket_sweep, by_variant, core_time_taken, gradient_bytes,
+                                                run_fit, step_runs)
 from cs336_systems.writeup.ddp_figures import bucket_sweep_figure, step_time_figure
 from cs336_systems.writeup.load import MachineResults, ResultsFile
 from cs336_systems.writeup.allreduce_analysis import fit_for_run
@@ -165,6 +166,7 @@ def ddp_run(ctx: RenderContext, machine: MachineResults, results: ResultsFile) -
         sweep=sweep, verdict=sweep_verdict(sweep, v, comparisons(sweep, v, unfit), unfit) if sweep else None,
         plans=[dict(record=r, buckets=buckets(r)) for r in sweep],
         large_cap=large_cap(sweep, s_bytes, parameter_shapes(results.setting)),
+        core=core_time_taken(records, results.setting.get("steps_per_round") or 1),
         images=[ctx.image(p, p.stem.replace("_", " ")) for p in figures], figures=figures)
 
 

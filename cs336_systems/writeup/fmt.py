@@ -8,6 +8,7 @@ sizes in MB (2**20 bytes, as everywhere in this repo).
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import Any, Callable, Iterable, Sequence
 
 from cs336_systems.results.environment import Environment
@@ -128,14 +129,45 @@ def not_evidence(env: Environment) -> str | None:
     return None
 
 
+def others(env: Environment) -> str:
+    """Other jobs' demand over the run in a few words, as its file records it (the load's ``others``)."""
+    if env.load is None:
+        return "load not recorded"
+    return "other jobs not counted" if env.load.others is None else f"other jobs {env.load.others:.2f} runnable"
+
+
 def load(env: Environment) -> str:
-    """The machine's load around the run (results.environment.Load), or that it was not recorded."""
+    """The machine's load around the run (results.environment.Load) and what the host did
+    (results.host.Host), or that they were not recorded."""
     if env.load is None:
         return "load not recorded: timings not evidence"
     why = not_evidence(env)
     over = f", {why}: timings not evidence" if why else ""
-    counted = "" if env.load.others is None else f", other jobs {env.load.others:.2f} runnable"
-    return f"load {env.load.before:.1f} before, {env.load.after:.1f} after on {env.load.cores} cores{counted}{over}"
+    text = f"load {env.load.before:.1f} before, {env.load.after:.1f} after on {env.load.cores} cores, {others(env)}{over}"
+    if env.host is not None:
+        text += f" · {env.host.describe()}" + ("" if env.host.quiet else f": not quiet ({'; '.join(env.host.reasons)})")
+    return text
+
+
+# Changes to the code after which older results no longer measure what the code now does:
+# (commit, its time, what changed, the kinds of results it affects).
+CODE_CHANGES = (("233eab4", "2026-11-27T10:54:32+00:00", "the sharded optimizer's broadcast rewrite",
+                 ("sharded_optimizer", "fsdp_memory")),)
+
+
+def predates(env: Environment, source: str) -> list[str]:
+    """The code changes of :data:`CODE_CHANGES` that a file of ``source``'s kind was taken before."""
+    kind = source.rsplit("/", 1)[-1].removesuffix(".json").split("-")[0]
+    return [f"taken before {commit} ({what})" for commit, when, what, kinds in CODE_CHANGES
+            if kind in kinds and datetime.fromisoformat(env.timestamp_utc) < datetime.fromisoformat(when)]
+
+
+def caveats(results: Any) -> list[str]:
+    """What a file cited outside its setting line must say of itself: the code changes it predates,
+    and a missing count of other jobs."""
+    env = results.environment
+    uncounted = env.load is not None and env.load.others is None
+    return [*predates(env, results.source), *(["no count of other jobs"] if uncounted else [])]
 
 
 def setting_line(env: Environment, source: str, *, device_type: str | None = None, parts: Sequence[str] = ()) -> str:
@@ -143,7 +175,7 @@ def setting_line(env: Environment, source: str, *, device_type: str | None = Non
     items = [hardware(env, device_type), *parts]
     if env.shared_gpu:
         items.append("gloo ranks taking turns on one GPU")
-    items += [load(env), f"torch {env.torch_version}", commit(env), f"from `{source}`"]
+    items += [load(env), f"torch {env.torch_version}", commit(env), *predates(env, source), f"from `{source}`"]
     return "*Setting: " + " · ".join(items) + ".*"
 
 

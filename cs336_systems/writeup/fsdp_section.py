@@ -43,6 +43,9 @@ COMPUTE_COLOR, WAIT_COLOR = "#31a354", "#fd8d3c"
 COLLECTIVE_COLORS = {"all_gather": "#3182bd", "reduce_scatter": "#de2d26", "all_reduce": "#756bb1",
                      "broadcast": "#636363"}
 ROW_HEIGHT_IN = 3.0  # inches per timeline
+# A wait shorter than this left forward waiting for nothing: the traced Work.wait of an all-gather
+# that had already completed returns within microseconds (zero-length intervals in the trace).
+WAIT_FLOOR_S = 1e-4
 
 
 def _bars(intervals: Sequence[Sequence[float]]) -> list[tuple[float, float]]:
@@ -98,7 +101,9 @@ def _timeline(name: str, t: FsdpTimeline) -> dict:
     forward, backward = t.phases.get("forward", [0.0, 0.0]), t.phases.get("backward", [0.0, 0.0])
     # Forward's own all-gathers (launched inside it), apart from the step's: backward gathers again.
     in_forward = [g for g in gathers if forward[0] <= g[0] <= forward[1]]
-    return dict(name=name, step=t.duration_s, timed=t.timed_median_s, wait=total_length(map(tuple, t.waits)),
+    # Gather by gather: how long forward waited while each was open (fsdp_accounting (b)).
+    waits = [_overlap(t.waits, [g]) for g in in_forward]
+    return dict(waited=[(i, w) for i, w in enumerate(waits, start=1) if w > WAIT_FLOOR_S], name=name, step=t.duration_s, timed=t.timed_median_s, wait=total_length(map(tuple, t.waits)),
                 forward_gathers=len(in_forward), forward_gather_open=total_length(map(tuple, in_forward)),
                 forward_computing=_overlap(in_forward, t.compute),
                 forward=forward[1] - forward[0], forward_wait=_overlap(t.waits, [forward]), gathers=len(gathers),
@@ -154,7 +159,7 @@ def memory_runs(ctx: RenderContext) -> list[dict]:
         state = accounting(psi, n)
         runs.append(dict(tag=machine.tag, source=results.source, model=results.setting.get("model_size"), psi=psi, n=n,
                          setting=fmt.workload_setting_line(results, "each configuration in processes of its own"),
-                         held=held, peak=peak, state=state, names=[c for c in (DDP, ZERO1, FSDP) if c in by],
+                         held=held, peak=peak, state=state, caveats=fmt.caveats(results), names=[c for c in (DDP, ZERO1, FSDP) if c in by],
                          transient={c: peak[c] - held[c] for c in by}))
     return runs
 
@@ -165,10 +170,11 @@ def _paired(r: FsdpStepRecord, unfit: str | None) -> Paired | None:
                                                    len(r.step_times_s), unfit=unfit)
 
 
-def _bucketed_elsewhere(machine: MachineResults, results: ResultsFile) -> tuple[float, str] | None:
-    """The step benchmark's bucketed DDP at 25 MB on the same model and batch (another run), with its file."""
-    found = [(r.median_step_s, f.source) for f in machine.runs("ddp_step", like=results) for r in f.records
-             if r.variant == "bucketed-25MB"]
+def _bucketed_elsewhere(machine: MachineResults, results: ResultsFile) -> tuple[float, str, str] | None:
+    """The step benchmark's bucketed DDP at 25 MB on the same model and batch (another run), with its
+    file and both runs' load, each as its file records it."""
+    found = [(r.median_step_s, f.source, f"{fmt.others(f.environment)} there, {fmt.others(results.environment)} here")
+             for f in machine.runs("ddp_step", like=results) for r in f.records if r.variant == "bucketed-25MB"]
     return found[0] if found else None
 
 

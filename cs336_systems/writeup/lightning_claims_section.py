@@ -92,5 +92,7 @@ def lightning_claims_page(ctx: RenderContext) -> Page:
         "details/lightning_claims.md.j2", runs=runs, n_configs=len(CONFIGS), tolerance=BATCHNORM_TOLERANCE,
         gpu_command=f"python {SCRIPT} {one_gpu}", nccl_command=f"python {SCRIPT} {two_gpu}",
         verdict_names=dict(holds=HOLDS, fails=FAILS, unresolved=UNRESOLVED, not_evidence=NOT_EVIDENCE, outside=OUTSIDE),
-        cpu_command="make bench")
+        cpu_command="make bench", gpu_runs=[dict(source=f.source, rounds=f.setting.get("rounds") or 0,
+                                                  model=f.setting.get("model_size"), ranks=f.environment.world_size)
+                                             for _, f in ctx.inputs.runs(KIND) if f.environment.device_type == "cuda"])
     return Page("lightning_claims", markdown)

@@ -23,7 +23,7 @@ from cs336_systems.ddp.overhead_model import minimum_exposed_overhead, optimal_b
 from cs336_systems.writeup import coverage, fmt, templating
 from cs336_systems.writeup.context import Page, RenderContext, details_link
 from cs336_systems.writeup.ddp_analysis import (STEP_KIND, OverheadPrediction, bucket_sweep, by_variant,
-                                                largest_parameter_bytes, predict_overhead, step_runs)
+                                                core_time_taken, largest_parameter_bytes, predict_overhead, step_runs)
 from cs336_systems.writeup.figures import error_bars, log_scale, save
 from cs336_systems.writeup.load import MachineResults, ResultsFile
 from cs336_systems.writeup.allreduce_analysis import FIT_HEADERS, fit_for_run, fit_row, machine_fits, drawn_ms as _ms
@@ -115,6 +115,7 @@ def _prediction(ctx: RenderContext, machine: MachineResults, results: ResultsFil
     return {**out, "p": p, "fit": g.fit, "iv": g.intervals, "p_max": p_max, "backward": backward,
             "fitted": g.records, "auto": _auto_calibration(machine, p.s_bytes), "spans": _optimum_spans(p, g.intervals),
             "threads": threads,
+            "core": core_time_taken(records, setting.get("steps_per_round") or 1),
             "cores_shared": env.device_type == "cpu" and bool(env.cpu_count and threads)
             and env.world_size * threads >= env.cpu_count,
             "n_slower": sum(p.backward_s >= row.channel_s for row in p.rows) if p.backward_s else None,

@@ -10,6 +10,8 @@ others recorded.
 
 from __future__ import annotations
 
+from cs336_systems.results.environment import OTHERS_LIMIT, OTHERS_LIMIT_BY_KIND
+from cs336_systems.results.host import CALIBRATION_LIMIT, SPREAD_LIMIT, STEAL_LIMIT
 from cs336_systems.writeup import fmt, templating
 from cs336_systems.writeup.ablation_section import ablation_page
 from cs336_systems.writeup.allreduce_section import allreduce_page
@@ -29,6 +31,12 @@ from cs336_systems.writeup.profile_section import profile_page
 from cs336_systems.writeup.sharding_section import sharding_page
 
 
+def host_limits() -> dict:
+    """The limits a run is held to (results.environment, results.host), for the page that states them."""
+    return dict(others=OTHERS_LIMIT, profile=OTHERS_LIMIT_BY_KIND["profile"], steal=STEAL_LIMIT,
+                calibration=CALIBRATION_LIMIT, spread=SPREAD_LIMIT)
+
+
 def doctor_page(ctx: RenderContext) -> Page:
     """Beyond the handout: what ``make doctor`` checks (a details page only: a diagnosis, not a measurement)."""
     return Page("doctor", templating.render("details/doctor.md.j2"))
@@ -44,11 +52,14 @@ def _machine_hardware(machine: MachineResults) -> str:
 
 
 def _load_summary(files) -> str:
-    """Which files recorded the machine's load, and any whose timings it disqualifies."""
+    """Which files recorded the machine's load and the host, and any whose timings they disqualify."""
     recorded = [f for f in files if f.environment.load is not None]
-    loaded = [f"`{f.path.name if f.path else f.name}`" for f in recorded if f.environment.load.exceeded]
-    text = f"{len(recorded)} of {len(files)} files recorded it"
-    return text + (f"; over the cores in {', '.join(loaded)}: timings not evidence" if loaded else "")
+    loaded = [f"`{f.path.name if f.path else f.name}`" for f in recorded if fmt.not_evidence(f.environment)]
+    noisy = [f"`{f.path.name if f.path else f.name}`" for f in files if f.environment.host and not f.environment.host.quiet]
+    text = (f"{len(recorded)} of {len(files)} files recorded the load, "
+            f"{sum(f.environment.host is not None for f in files)} the host")
+    return text + (f"; over the cores in {', '.join(loaded)}: timings not evidence" if loaded else "") + (
+        f"; not quiet: {', '.join(noisy)}" if noisy else "")
 
 
 def machines_page(ctx: RenderContext) -> Page:
@@ -62,9 +73,13 @@ def machines_page(ctx: RenderContext) -> Page:
     settings: dict[str, list] = {}
     for gap in ctx.gaps:
         settings.setdefault(gap.setting, []).append(gap)
+    files = [f for m in ctx.inputs.machines for f in m.files.values()]
     markdown = templating.render(
-        "details/machines.md.j2", results=ctx.results_label,
-        machines=fmt.table(["machine tag", "hardware", "results files", "commits recorded", "load during the run"], rows,
+        "details/machines.md.j2", results=ctx.results_label, limits=host_limits(),
+        unrecorded=sum(f.environment.load is None for f in files), uncounted=sum(
+            f.environment.load is not None and f.environment.load.others is None for f in files),
+        no_host=sum(f.environment.host is None for f in files), n_files=len(files),
+        machines=fmt.table(["machine tag", "hardware", "results files", "commits recorded", "load and host during the run"], rows,
                            align="lllll") if rows else None,
         unreadable=unreadable, gaps=settings)
     return Page("machines", markdown)

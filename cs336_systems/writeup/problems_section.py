@@ -73,12 +73,14 @@ def grading_page(ctx: RenderContext) -> Page:
         rows.append([f"[`{p.name}`](../README.md#{p.name})", p.points, p.edition, ANSWERED_BY[p.deliverable],
                      ", ".join(f"`{w}`" for w in p.where), tests, _status(grade, p.deliverable, p.where)])
     beyond = grades.get("beyond")
+    # The grade lines name the run they come from: grades.json is refreshed only by `make test`.
+    ran = f"`make test` at {fmt.commit(grades_file.environment)}" if grades_file else "`make test`"
     setting = None
     if grades_file is not None:
         setting = fmt.setting_line(grades_file.environment, grades_file.source,
                                    parts=[f"`make test` ({' '.join(grades_file.setting.get('pytest_args', []))})"])
     markdown = templating.render(
-        "details/grading.md.j2",
+        "details/grading.md.j2", ran=ran,
         table=fmt.table(["problem", "points", "edition", "answered by", "code", "tests", "status"], rows,
                         align="lrlllll"),
         setting=setting, beyond=_status(beyond) if beyond else None,
@@ -86,7 +88,7 @@ def grading_page(ctx: RenderContext) -> Page:
         failing=[t for g in grades.values() for t in g.failed])
     answers = {
         p.name: templating.render("answers/code.md.j2", problem=p, grade=grades.get(p.name),
-                                  status=_status(grades.get(p.name)), measured=grades_file is not None,
+                                  status=_status(grades.get(p.name)), measured=grades_file is not None, ran=ran,
                                   link=details_link("grading"))
         for p in PROBLEMS if p.deliverable == CODE
     }

@@ -65,6 +65,14 @@ def _clear(folder: Path, pattern: str) -> None:
             path.unlink()
 
 
+def heading(name: str) -> str:
+    """An answer's heading: the problem and the handout editions it belongs to, under an explicit
+    anchor named after the problem alone (what every page links to)."""
+    editions = next(p.editions for p in PROBLEMS if p.name == name)
+    which = " and ".join(editions) + (" handouts" if len(editions) > 1 else " handout")
+    return f'<a id="{name}"></a>\n### {name} ({which})'
+
+
 def _answers(pages: Sequence[Page], only_given: bool) -> list[tuple[str, str]]:
     """(problem, answer) in the handout's order; the whole writeup must answer every problem."""
     stray = sorted({name for page in pages for name in page.answers} - {p.name for p in PROBLEMS})
@@ -103,7 +111,7 @@ def render_writeup(
         raise RuntimeError(f"pages returned figures that were not written: {missing}")
     answers = _answers(rendered, only_given=not whole)
     readme_text = templating.render(
-        "README.md.j2", results=ctx.results_label, answers=answers,
+        "README.md.j2", results=ctx.results_label, answers=[(heading(name), text) for name, text in answers],
         pages=[(p.name, p.markdown.splitlines()[0].lstrip("# ").strip()) for p in rendered],
         details_dir=DETAILS_DIR)
     details_dir = out_dir / DETAILS_DIR
@@ -113,7 +121,7 @@ def render_writeup(
     readme = out_dir / README
     write_atomic(readme, readme_text)
     header, _, _ = readme_text.partition("\n## Answers")
-    answer_cells = [f"### {name}\n\n{text}" for name, text in answers]
+    answer_cells = [f"{heading(name)}\n\n{text}" for name, text in answers]
     notebook = out_dir / NOTEBOOK
     text = nbformat.writes(build_notebook(header + "\n\n## Answers", answer_cells, rendered))
     write_atomic(notebook, text if text.endswith("\n") else text + "\n")

@@ -18,6 +18,7 @@ from cs336_basics.model import (EDITION_MODEL_SIZES, TransformerConfig, Transfor
 from cs336_systems.bench.allreduce.setting import FLOAT32_BYTES
 from cs336_systems.bench.step.record import StepRecord
 from cs336_systems.bench.step.setting import LEARNING_RATE
+from cs336_systems.results.host import SPREAD_LIMIT, compute_only_times, spread
 from cs336_systems.writeup import fmt
 from cs336_systems.writeup.load import ResultsFile
 
@@ -83,6 +84,10 @@ def ddp_setting_line(results: ResultsFile) -> str:
              f"{OPTIMIZER} lr {LEARNING_RATE:g}"]
     if rounds and per_round:
         parts.append(f"{rounds * per_round} timed steps per variant in {rounds} interleaved rounds")
+    # A file from before the host record (whose describe() says it) still shows how quiet it was.
+    if env.host is None and (spread_of := spread(compute_only_times(results.records) or [])):
+        parts.append(f"compute-only step spread {spread_of[0]:.3f} of its median (max/min {spread_of[1]:.2f}; "
+                     f"quiet at most {SPREAD_LIMIT})")
     return fmt.setting_line(env, results.source, parts=parts)
 
 

@@ -131,6 +131,17 @@ def _profile_rank(ctx: RankContext, setting: ProfileSetting, trace_dir: str) -> 
     return ProfileRun(records, ctx.world_size, ctx.shared_gpu, torch.get_num_threads(), ctx.local_world_size)
 
 
+def move_traces(records: list[ProfileRecord], source: Path, folder: Path) -> None:
+    """Each record's trace from ``source`` into ``folder``, in place of its variant's earlier trace
+    (either compression); a record whose trace ``source`` does not hold leaves the folder's as it is."""
+    for record in records:
+        if not (Path(source) / record.trace).is_file():
+            continue
+        for stale in trace_names(record.variant):
+            (folder / stale).unlink(missing_ok=True)
+        os.replace(Path(source) / record.trace, Path(folder) / record.trace)
+
+
 def profile_into(setting: ProfileSetting, folder: Path) -> ProfileRun | None:
     """Profile every variant in one process group; rank 0's traces end up in ``folder``.
 
@@ -150,10 +161,7 @@ def profile_into(setting: ProfileSetting, folder: Path) -> ProfileRun | None:
         )
         run = results[0]
         if run is not None:
-            for record in run.records:
-                for stale in trace_names(record.variant):
-                    (folder / stale).unlink(missing_ok=True)
-                os.replace(staging / record.trace, folder / record.trace)
+            move_traces(run.records, staging, folder)
         return run
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -57,6 +58,24 @@ ABLATION_VARIANTS = (
 )
 NAME_FORMS = (f"{COMPUTE_ONLY}, {', '.join(PLAIN_VARIANTS)}, {TORCH_DDP}, "
               f"bucketed-<N>MB[{'|'.join(LEVER_SUFFIXES)}] (N > 0) or bucketed-{AUTO}")
+
+
+def planned_layouts(model: nn.Module, bucket_sizes_mb: tuple[float, ...]) -> dict[float, list[int]]:
+    """Each bucket size's layout as BucketedDDP builds it at its defaults for ``model`` before the
+    first step (a meta-device model will do): the bytes of each bucket, in launch order. Two sizes
+    of one sweep with the same layout would time one thing twice."""
+    from cs336_systems.ddp.bucket import bucket_cap_bytes
+    from cs336_systems.ddp.bucketed import BucketLayout
+
+    first_mb = inspect.signature(BucketedDDP.__init__).parameters["first_bucket_mb"].default
+    params = [p for p in model.parameters() if p.requires_grad]
+    launch_order = list(reversed(params))  # OverlappedDataParallel's order before any rebuild
+    layouts = {}
+    for mb in bucket_sizes_mb:
+        layout = BucketLayout(bucket_cap_bytes(mb), bucket_cap_bytes(first_mb), None, True)
+        layouts[mb] = [sum(launch_order[i].numel() * launch_order[i].element_size() for i in bucket)
+                       for bucket in layout.plan(launch_order)]
+    return layouts
 
 
 def bucketed_name(bucket_size_mb: float) -> str:
