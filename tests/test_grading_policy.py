@@ -74,11 +74,16 @@ def _calls() -> dict[str, dict]:
             "clone3": lambda: c(libc.syscall(435, None, 0)),
             "socket AF_UNIX": lambda: socket.socket(socket.AF_UNIX),
             "socket AF_UNIX on a pool": lambda: _pool().submit(socket.socket, socket.AF_UNIX).result(),
+            "socket AF_NETLINK user": lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 2),  # NETLINK_USERSOCK
+            "socket AF_ALG": lambda: socket.socket(38, socket.SOCK_SEQPACKET, 0),
+            "socket AF_PACKET": lambda: socket.socket(17, socket.SOCK_RAW, 0),
             "memfd_create on a pool": lambda: _pool().submit(os.memfd_create, "state").result(),
             # what honest code does
             "mmap private anonymous": lambda: mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE),
             "mmap shared file": lambda: mmap.mmap(f.fileno(), 4096),
             "socket AF_INET": lambda: socket.socket(socket.AF_INET),
+            "socket AF_INET6": lambda: socket.socket(socket.AF_INET6),
+            "socket AF_NETLINK route": lambda: socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0),  # glibc's own
             "socketpair": socket.socketpair,
             "thread": lambda: threading.Thread(target=len, args=((),)).start(),
             "subprocess": lambda: subprocess.run(["true"], check=True),
@@ -116,7 +121,8 @@ def _rank_calls(ctx, _payload):
 
 REFUSED_IN_A_RANK = {"memfd_create", "splice", "sendfile", "shmget", "semget", "mmap shared anonymous",
                      "process_vm_readv", "ptrace", "io_uring_setup", "userfaultfd", "keyctl", "unshare",
-                     "socket AF_UNIX", "socket AF_UNIX on a pool", "memfd_create on a pool"}
+                     "socket AF_UNIX", "socket AF_UNIX on a pool", "memfd_create on a pool",
+                     "socket AF_NETLINK user", "socket AF_ALG", "socket AF_PACKET"}
 
 
 def test_a_rank_is_refused_each_call_of_the_policy_and_none_that_honest_code_makes():
@@ -134,11 +140,12 @@ def test_a_rank_is_refused_each_call_of_the_policy_and_none_that_honest_code_mak
 
 def test_every_refused_call_is_named_once_with_a_reason():
     """The policy's data is what the filter is built from: every call known to this kernel's
-    libseccomp, each in one entry, and each entry says why."""
+    libseccomp, each in one entry of each filter, and each entry says why."""
     import pyseccomp
 
     named = [call for entry in policy.REFUSED for call in entry.calls]
-    assert len(named) == len(set(named)), sorted(c for c in named if named.count(c) > 1)
+    once = [(call, entry.when) for entry in policy.REFUSED for call in entry.calls]  # socket: in both filters
+    assert len(once) == len(set(once)), sorted(c for c in once if once.count(c) > 1)
     assert all(pyseccomp.resolve_syscall(pyseccomp.Arch.NATIVE, call) >= 0 for call in named), named
     assert all(len(entry.reason) > 40 and entry.when in (policy.AT_START, policy.GROUP_UP) for entry in policy.REFUSED)
     assert all(bool(entry.where) == bool(entry.condition) for entry in policy.REFUSED)
@@ -178,6 +185,35 @@ def test_the_five_watched_calls_made_through_a_thread_pool_are_the_submissions(t
     lines = done.stdout.splitlines()
     for what in ("opens a socket", "maps memory", "calls into C", "starts a process", "compiles code"):
         assert any(line.startswith("pooled.py:9: ") and what in line for line in lines), (what, lines)
+
+
+RENAMED = '''
+import socket
+
+import torch.nn.modules.module as torchs
+
+
+def _open():
+    return socket.socket(socket.AF_INET)
+
+
+_open.__code__ = _open.__code__.replace(co_filename=torchs.__file__)  # claims to be torch's code
+
+
+def run():
+    _open().close()
+'''
+
+
+def test_code_that_claims_a_librarys_file_name_is_still_the_submissions(tmp_path):
+    """A code object names its own file (``co_filename``), which anyone can set: a fresh-eyes
+    attack made its socket from a function renamed to torch's ``module.py``. The frame runs in
+    the submission's module's globals, so the call is witnessed at the submission's line."""
+    (tmp_path / "pooled.py").write_text(RENAMED)
+    done = subprocess.run([sys.executable, "-c", WITNESS_THROUGH_A_POOL, str(tmp_path)], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert any(line.startswith("pooled.py:") and "opens a socket" in line for line in done.stdout.splitlines()), done.stdout
 
 
 def test_the_manual_holds_the_policys_tables():

@@ -30,7 +30,10 @@ from dataclasses import dataclass
 AT_START = "from the rank's start"
 GROUP_UP = "once its group is up"
 
+OPS = {"==": "EQ", "!=": "NE", ">": "GT", "&": "MASKED_EQ"}  # libseccomp's comparisons, by the names used here
 MAP_SHARED, MAP_ANONYMOUS = 0x01, 0x20  # MAP_SHARED_VALIDATE (0x03) has the MAP_SHARED bit too
+ALLOWED_FAMILIES = (socket.AF_UNIX, socket.AF_INET, socket.AF_INET6)  # and AF_NETLINK's routing protocol alone
+NETLINK_ROUTE = 0
 NAMESPACE_FLAGS = {"CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
                    "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
                    "CLONE_NEWNET": 0x40000000}
@@ -40,14 +43,15 @@ NAMESPACE_FLAGS = {"CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CL
 class Refused:
     """Calls the kernel refuses a rank, and why.
 
-    ``where``: refused only where one of these holds, each ``(argument, mask, value)``, true when
-    ``argument & mask == value`` (libseccomp's masked equality; none: always refused);
+    ``where``: refused only where one of these rules holds (none: always refused); a rule is a
+    tuple of comparisons that must all hold, each ``(argument, op, value)`` with ``op`` one of
+    ``OPS``: ``("&", mask)`` is libseccomp's masked equality, ``argument & mask == value``;
     ``error``: the errno a refused call returns."""
 
     calls: tuple[str, ...]
     reason: str
     when: str = AT_START
-    where: tuple[tuple[int, int, int], ...] = ()
+    where: tuple[tuple[tuple[int, str | tuple[str, int], int], ...], ...] = ()
     condition: str = ""  # ``where`` in words, for the manual
     error: int = errno.EPERM
 
@@ -70,7 +74,7 @@ REFUSED: tuple[Refused, ...] = (
             "shared anonymous memory: shared with every process forked after it (issue 57's third route mapped "
             "it in the fork server), and its pages are shared memory, not the rank's own (file-backed shared maps "
             "stay: the rank's files are its storage, charged to it)",
-            where=((3, MAP_SHARED | MAP_ANONYMOUS, MAP_SHARED | MAP_ANONYMOUS),),
+            where=(((3, ("&", MAP_SHARED | MAP_ANONYMOUS), MAP_SHARED | MAP_ANONYMOUS),),),
             condition="flags with MAP_SHARED and MAP_ANONYMOUS"),
     Refused(("process_vm_readv", "process_vm_writev", "ptrace", "pidfd_getfd"),
             "another process's memory or descriptors (a peer rank's, or the grader's)"),
@@ -87,7 +91,7 @@ REFUSED: tuple[Refused, ...] = (
             "the rank's namespaces and its view of the file systems are the grader's (sandbox.py): a view of its "
             "own would be one nobody reads"),
     Refused(("clone",), "a process in namespaces of its own (as unshare)",
-            where=tuple((0, flag, flag) for flag in NAMESPACE_FLAGS.values()),
+            where=tuple(((0, ("&", flag), flag),) for flag in NAMESPACE_FLAGS.values()),
             condition="flags with any CLONE_NEW*"),
     Refused(("clone3",),
             "its flags are in memory a filter cannot read: glibc then starts threads and processes with clone, "
@@ -97,7 +101,17 @@ REFUSED: tuple[Refused, ...] = (
             "a Unix socket, named or abstract, reaches every process of the network namespace, the test's other "
             "ranks included: a channel the loopback never carries (issue 57's second route averaged DDP over one); "
             "socketpair stays, its two ends are the rank's",
-            when=GROUP_UP, where=((0, 0xFFFFFFFF, socket.AF_UNIX),), condition="AF_UNIX"),
+            when=GROUP_UP, where=(((0, "==", socket.AF_UNIX),),), condition="AF_UNIX"),
+    Refused(("socket",),
+            "every family but Unix, IPv4, IPv6 and netlink's routing protocol (what glibc reads interfaces "
+            "and addresses through): a netlink user socket carries messages between any processes of the "
+            "network namespace and queues them in kernel memory charged to no cgroup (a fresh-eyes attack "
+            "parked optimizer state and averaged DDP there); the other families reach devices, the kernel "
+            "or other hosts, none of which a rank needs",
+            where=(*(((0, "==", family),) for family in range(socket.AF_NETLINK) if family not in ALLOWED_FAMILIES),
+                   ((0, ">", socket.AF_NETLINK),),
+                   ((0, "==", socket.AF_NETLINK), (2, "!=", NETLINK_ROUTE))),
+            condition="a family other than AF_UNIX, AF_INET, AF_INET6, or AF_NETLINK with NETLINK_ROUTE"),
 )
 
 
@@ -124,9 +138,16 @@ def install(when: str) -> None:
                 continue
             if not entry.where:
                 rules.add_rule(seccomp.ERRNO(entry.error), number)
-            for argument, mask, value in entry.where:
-                rules.add_rule(seccomp.ERRNO(entry.error), number, seccomp.Arg(argument, seccomp.MASKED_EQ, mask, value))
+            for rule in entry.where:
+                rules.add_rule(seccomp.ERRNO(entry.error), number, *(_compared(seccomp, *c) for c in rule))
     rules.load()
+
+
+def _compared(seccomp, argument: int, op: str | tuple[str, int], value: int):
+    """One comparison of a rule (``Refused.where``) as libseccomp's ``Arg``."""
+    name, mask = op if isinstance(op, tuple) else (op, None)
+    how = getattr(seccomp, OPS[name])
+    return seccomp.Arg(argument, how, mask, value) if mask is not None else seccomp.Arg(argument, how, value)
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,8 @@ def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]
     getframe, realpath, seen, armed = sys._getframe, os.path.realpath, set(), []
 
     def passed(frame) -> bool:
+        if student(frame) is not None:
+            return False  # code of the submission's module, whatever file name its code object claims
         name = frame.f_code.co_filename
         if name.startswith("<frozen"):
             return False  # an import: what the imported module does is its own
@@ -110,12 +112,18 @@ def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]
         return path.startswith(library) and "site-packages" not in path and "dist-packages" not in path
 
     def student(frame) -> str | None:
-        name = frame.f_code.co_filename
-        path = realpath(name) if not name.startswith("<") else ""
-        root = next((r for r in own if path.startswith(r)), None)
-        if root is None or path.startswith(grader) or path.startswith(installed):
-            return None  # the grader's own code, or this interpreter's packages (a .venv inside the checkout)
-        return os.path.relpath(path, root)
+        """The submission's file the frame's code is in, or None. A code object names its file
+        itself (``co_filename``, which ``code.replace`` sets to anything, torch's own file say);
+        the module whose globals the frame runs in is where the function was defined, so either
+        one in the submission makes the frame the submission's."""
+        for name in (frame.f_code.co_filename, frame.f_globals.get("__file__")):
+            if not isinstance(name, str) or name.startswith("<"):
+                continue
+            path = realpath(name)
+            root = next((r for r in own if path.startswith(r)), None)
+            if root is not None and not path.startswith(grader) and not path.startswith(installed):
+                return os.path.relpath(path, root)  # (not the grader, nor this interpreter's .venv in the checkout)
+        return None
 
     watched = {**WATCHED, **(ON_DISK if on_disk else {})}
 
