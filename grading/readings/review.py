@@ -115,7 +115,10 @@ def witness(send, roots: list[str], on_disk: bool = False) -> Callable[[], None]
         """The submission's file the frame's code is in, or None. A code object names its file
         itself (``co_filename``, which ``code.replace`` sets to anything, torch's own file say);
         the module whose globals the frame runs in is where the function was defined, so either
-        one in the submission makes the frame the submission's."""
+        one in the submission makes the frame the submission's. Code that names no file
+        (``<string>``) is named by whoever runs it, as before (``passed``)."""
+        if frame.f_code.co_filename.startswith("<"):
+            return None
         for name in (frame.f_code.co_filename, frame.f_globals.get("__file__")):
             if not isinstance(name, str) or name.startswith("<"):
                 continue
