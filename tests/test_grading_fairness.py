@@ -5,8 +5,7 @@ before its model exists is in that reading unless taken out by design. Each of t
 the answers points they deserve: the course's own ``cs336_basics`` (its model imports einx,
 einops and jaxtyping: 25/35), an adapters file that imports a ``torch.compile``'d FlashAttention
 (15/35), one that imports a plotting module (matplotlib, numpy: 15/35), and ranks that print
-megabytes (the capture was charged to the rank; a 436 MB log in OUT); and (issue 57) a constructor
-that sets four threads and makes a process group of its own. Here all of them are in one
+megabytes (the capture was charged to the rank; a 436 MB log in OUT). Here all four are in one
 submission, the worst case, graded on the problems whose checks read memory from outside, with
 lines that held correct code while a text scan was a witness (issue 51): an unused memory-mapped
 ``torch.load``, an unused ``ctypes`` helper, and a ``#`` inside a string on a line that names
@@ -42,13 +41,9 @@ def libc_version():
     return ctypes.CDLL(None).gnu_get_libc_version()
 '''
 
-# 1 MiB to stdout and 1 MiB to stderr each time a rank builds a wrapper: 2 MiB per rank per test;
-# and there, four threads and a process group of the submission's own (issue 57).
+# 1 MiB to stdout and 1 MiB to stderr each time a rank builds a wrapper: 2 MiB per rank per test.
 TALK = '''
 import sys
-
-import torch
-import torch.distributed as dist
 
 _LINE = "x" * 1023 + "\\n"
 
@@ -57,15 +52,12 @@ def _talk():
     sys.stdout.write(_LINE * 1024)
     sys.stderr.write(_LINE * 1024)
     sys.stdout.flush()
-    torch.set_num_threads(4)  # as a student tuning a CPU run: four threads of its own
-    dist.new_group()  # a group of its own, beside the grader's (gloo: TCP over the rank's loopback)
 '''
 
 
 def ordinary(tmp_path: Path) -> Path:
     """The answers with the course's model imports, a compiled, a plotting and an unused helpers'
-    module imported by the adapters, and a constructor that prints 2 MiB, sets four threads and
-    makes a group of its own."""
+    module imported by the adapters, and a constructor that prints 2 MiB."""
     tree = with_imports(make_submission(tmp_path), "course", "compile", "plots")
     (tree / "cs336_systems" / "unused.py").write_text(UNUSED)
     adapters = tree / "tests" / "adapters.py"
