@@ -18,21 +18,18 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
-import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from grading.harness import grade
-from grading.isolation import policy, ranks, sandbox, student, wire
+from grading.isolation import policy, ranks, wire
 from tests.answers_fixture import PER_PARAMETER_FILE, apply_edits
 from tests.test_grading import PER_PARAMETER, QUICK, ZERO, make_submission, points, unpassed
-from tests.test_grading_sealed import WEAK_CAP, weak_with
+from tests.test_grading_sealed import WEAK_CAP, as_a_container, weak_with
 
 pytestmark = pytest.mark.problem("beyond")
 
@@ -342,20 +339,6 @@ def route(tmp_path: Path, name: str) -> tuple[Path, str, str, float]:
             "test_state_is_sharded or test_every_rank_keeps_its_share or test_matches_single_process", WEAK_CAP
     tree = apply_edits(make_submission(tmp_path / name, "zeros_during_backward"), name, OVER_A_UNIX_SOCKET)
     return tree, PER_PARAMETER, "test_communicates_during_backward or test_matches_single_process", OVERLAP_CAP
-
-
-def as_a_container(tree: Path, out: Path, problem: str, select: str) -> dict:
-    """Graded as in Gradescope's container: root, no namespaces, no user namespace for a rank's
-    own storage (tests/fallback_grade.py, ``GRADING_PRIVATE_STORAGE=0``); its summary."""
-    if not student.can_switch() or shutil.which("unshare") is None:
-        pytest.skip("the container's mode needs root")
-    args = {"submission": str(tree), "out": str(out), "edition": "2026", "only": [problem], "select": select,
-            "test_timeout_s": QUICK.test_timeout_s, "submission_timeout_s": QUICK.submission_timeout_s}
-    done = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-m", "tests.fallback_grade",
-                           json.dumps(args)], capture_output=True, text=True, timeout=900, cwd=REPO,
-                          env={**os.environ, sandbox.PRIVATE_STORAGE_ENV: "0"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])[tree.name]
 
 
 @pytest.mark.parametrize("mode", ["namespaces", "container"])

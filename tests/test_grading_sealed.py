@@ -178,12 +178,12 @@ def test_state_parked_out_of_sight_fails_or_holds_the_point_tests(tmp_path, name
     assert sharded and not any(t.passed for t in sharded) and points(graded, ZERO) <= WEAK_CAP, unpassed(graded)
 
 
-def as_a_container(tree: Path, out: Path) -> dict:
+def as_a_container(tree: Path, out: Path, problem: str = ZERO, select: str = POINT_TESTS) -> dict:
     """Graded as in Gradescope's container: as root, no namespaces, no user namespace for a rank's
     own storage (tests/fallback_grade.py, ``GRADING_PRIVATE_STORAGE=0``); its summary."""
     if not student.can_switch() or shutil.which("unshare") is None:
         pytest.skip("the container's mode needs root")
-    args = {"submission": str(tree), "out": str(out), "edition": "2026", "only": [ZERO], "select": POINT_TESTS,
+    args = {"submission": str(tree), "out": str(out), "edition": "2026", "only": [problem], "select": select,
             "test_timeout_s": QUICK.test_timeout_s, "submission_timeout_s": QUICK.submission_timeout_s}
     done = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-m", "tests.fallback_grade",
                            json.dumps(args)], capture_output=True, text=True, timeout=900, cwd=REPO,
