@@ -31,6 +31,7 @@ import tomllib
 from pathlib import Path
 
 from grading.intake.files import read_regular
+from grading.isolation import preload
 from grading.readings.review import HELD, held
 
 MAX_PACKAGES = 10
@@ -157,7 +158,7 @@ def absent_remark(names: list[str]) -> str:
 
 
 MAX_PRELOAD = 40  # libraries the fork server imports for a submission at most
-PRELOAD_ENV = "GRADING_PRELOAD"  # what the harness tells the fork server to import (grading/isolation/preload.py)
+PRELOAD_ENV = preload.PRELOAD_ENV  # what the harness tells the fork server to import (defined once, there)
 COMPILE = "torch.compile"  # in that list: a file decorates with torch.compile, whose first call imports ~600 modules
 
 
